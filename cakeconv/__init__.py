@@ -1,0 +1,32 @@
+"""cakeconv: deterministic packed width-4 depthwise causal conv1d + SiLU for training.
+
+Public modules:
+
+- ``cakeconv.cake_causal_conv1d_det_train``      single rank (GPU via Triton, CPU via PyTorch)
+- ``cakeconv.cake_causal_conv1d_det_train_kcp``  context parallel (halo exchange across ranks)
+- ``cakeconv.oracle``                            float64 oracle (tests, demo, benchmarks)
+
+Every public name of those modules is re-exported here.
+"""
+
+from .cake_causal_conv1d_det_train import (
+    CakeCausalConv1dDetFunction,
+    cake_causal_conv1d_det,
+    cake_causal_conv1d_det_train_backward,
+    cake_causal_conv1d_det_train_backward_workspace_bytes,
+    cake_causal_conv1d_det_train_forward,
+    cake_causal_conv1d_det_train_forward_workspace_bytes,
+    is_cake_causal_conv1d_det_train_supported,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CakeCausalConv1dDetFunction",
+    "cake_causal_conv1d_det",
+    "cake_causal_conv1d_det_train_forward",
+    "cake_causal_conv1d_det_train_backward",
+    "cake_causal_conv1d_det_train_forward_workspace_bytes",
+    "cake_causal_conv1d_det_train_backward_workspace_bytes",
+    "is_cake_causal_conv1d_det_train_supported",
+]

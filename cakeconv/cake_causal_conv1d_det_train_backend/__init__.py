@@ -1,0 +1,34 @@
+"""cakeconv's programs: kernels, launchers, validation and the autograd Functions.
+
+Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_train`` and
+``cakeconv.cake_causal_conv1d_det_train_kcp`` only re-export from here):
+
+- ``reference.py``       pure-PyTorch FP32 backend (any device)
+- ``triton_common.py``   Triton helpers (segment search, loads, the FMA sequence, pairwise sums)
+- ``triton_forward.py``  forward kernel
+- ``triton_backward.py`` backward kernel, group-sum and finalize kernels (fixed-order dweight)
+- ``triton_launch.py``   host launchers
+- ``tuning.py``          launch configurations (never change bits)
+- ``checks.py``          input validation
+- ``ops.py``             forward/backward entry points with caller-provided buffers
+- ``function.py``        ``CakeCausalConv1dDetFunction`` and ``cake_causal_conv1d_det``
+"""
+
+from .function import CakeCausalConv1dDetFunction, cake_causal_conv1d_det
+from .ops import (
+    cake_causal_conv1d_det_train_backward,
+    cake_causal_conv1d_det_train_backward_workspace_bytes,
+    cake_causal_conv1d_det_train_forward,
+    cake_causal_conv1d_det_train_forward_workspace_bytes,
+    is_cake_causal_conv1d_det_train_supported,
+)
+
+__all__ = [
+    "CakeCausalConv1dDetFunction",
+    "cake_causal_conv1d_det",
+    "cake_causal_conv1d_det_train_forward",
+    "cake_causal_conv1d_det_train_backward",
+    "cake_causal_conv1d_det_train_forward_workspace_bytes",
+    "cake_causal_conv1d_det_train_backward_workspace_bytes",
+    "is_cake_causal_conv1d_det_train_supported",
+]

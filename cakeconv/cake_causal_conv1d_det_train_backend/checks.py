@@ -1,0 +1,148 @@
+"""Input validation of the public entry points (runs before any kernel launch).
+
+Bad user input raises ValueError (wrong shape, value, device, backend) or TypeError (wrong dtype or
+type), with the offending value in the message. ``cu_seqlens`` values are checked on the host when
+they are on the CPU, or on the GPU when no CUDA graph is being captured (one small copy; a tensor
+already checked and not modified since is not copied again).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("auto", "triton", "reference")
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+W_DTYPES = (torch.float32, torch.bfloat16)
+B_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated call: x viewed as [S, C] rows, its segments, and the backend to run."""
+
+    S: int
+    C: int
+    shape: tuple
+    cu_seqlens: torch.Tensor | None  # int32/int64 [N + 1] on x's device, or None
+    seq_len: int | None  # uniform document length when cu_seqlens is None
+    backend: str  # "triton" or "reference"
+
+
+def _interpreting() -> bool:
+    from .triton_launch import interpreting
+
+    return interpreting()
+
+
+def resolve_backend(backend, device: torch.device) -> str:
+    """Map "auto" to "triton" (CUDA) or "reference" (CPU); check the choice is runnable."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "reference"
+    if backend == "triton":
+        if device.type == "cuda":
+            major, _ = torch.cuda.get_device_capability(device)
+            if major < 8:
+                raise ValueError(
+                    f"backend='triton' needs an NVIDIA GPU of compute capability 8.0 or newer, "
+                    f"got {torch.cuda.get_device_name(device)} (sm_{major}x)")
+        elif device.type == "cpu":
+            if not _interpreting():
+                raise ValueError(
+                    "backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before the first "
+                    "import of triton; use backend='reference' (or 'auto') for CPU tensors")
+        else:
+            raise ValueError(f"backend='triton' does not run on device {device}")
+    return backend
+
+
+def check_tensor(name, t, dtypes, device=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} dtype must be one of {[str(d) for d in dtypes]}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}")
+
+
+_checked_cu: dict = {}
+
+
+def _cu_values_checked(cu: torch.Tensor, S: int) -> bool:
+    entry = _checked_cu.get(id(cu))
+    return entry is not None and entry[0]() is cu and entry[1] == cu._version and entry[2] == S
+
+
+def check_cu_values(cu: torch.Tensor, S: int) -> None:
+    """cu[0] == 0, non-decreasing, cu[-1] == S (skipped while a CUDA graph is being captured)."""
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if _cu_values_checked(cu, S):
+        return
+    v = cu.detach().to("cpu", torch.int64)
+    if v[0].item() != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0] = {v[0].item()}")
+    steps = v[1:] - v[:-1]
+    if bool((steps < 0).any()):
+        i = int(torch.nonzero(steps < 0)[0].item())
+        raise ValueError(
+            f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}] = {v[i].item()} > "
+            f"cu_seqlens[{i + 1}] = {v[i + 1].item()}")
+    if v[-1].item() != S:
+        raise ValueError(f"cu_seqlens must end at the number of tokens S = {S}, got cu_seqlens[-1] = {v[-1].item()}")
+    if len(_checked_cu) > 256:
+        _checked_cu.clear()
+    _checked_cu[id(cu)] = (weakref.ref(cu), cu._version, S)
+
+
+def check_problem(x, weight, bias, cu_seqlens, backend) -> Problem:
+    """Validate a call's operands; returns the Problem (shapes, segments, resolved backend)."""
+    check_tensor("x", x, X_DTYPES)
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x must be [S, C], [1, S, C] or [B, T, C], got shape {tuple(x.shape)}")
+    C = x.shape[-1]
+    if C % 8 != 0 or C == 0:
+        raise ValueError(f"the channel count C must be a positive multiple of 8, got C = {C}")
+    if x.dim() == 3 and x.shape[0] != 1 and cu_seqlens is not None:
+        raise ValueError(
+            f"x of shape {tuple(x.shape)} is [B, T, C] with B = {x.shape[0]} equal-length documents; "
+            f"cu_seqlens must be None then (pack to [1, S, C] or [S, C] for varlen)")
+    check_tensor("weight", weight, W_DTYPES, x.device)
+    if tuple(weight.shape) != (C, 4):
+        raise ValueError(f"weight must be [C, 4] = [{C}, 4], got shape {tuple(weight.shape)}")
+    if bias is not None:
+        check_tensor("bias", bias, B_DTYPES, x.device)
+        if tuple(bias.shape) != (C,):
+            raise ValueError(f"bias must be [C] = [{C}], got shape {tuple(bias.shape)}")
+    S = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
+    seq_len = None
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens must be a torch.Tensor or None, got {type(cu_seqlens).__name__}")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+            raise ValueError(f"cu_seqlens must be 1-D with at least one element, got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device != x.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but x is on {x.device}")
+        check_cu_values(cu_seqlens, S)
+    else:
+        seq_len = x.shape[1] if x.dim() == 3 else S
+    resolved = resolve_backend(backend, x.device)
+    return Problem(S=S, C=C, shape=tuple(x.shape), cu_seqlens=cu_seqlens, seq_len=seq_len, backend=resolved)
+
+
+def check_like(name, t, ref_shape, dtype, device):
+    """A caller-provided output buffer: right type, shape, dtype and device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(ref_shape):
+        raise ValueError(f"{name} must have shape {tuple(ref_shape)}, got {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}")

@@ -1,0 +1,272 @@
+"""Triton backward kernels: one pass for dx and FP32 dweight/dbias partials, then a fixed-order sum.
+
+Shape legend: S packed tokens, C channels, N segments, R sub-runs per program, BC channels per
+program, H = 3 halo rows, L leaves (sub-runs of BWD_SUB rows), G groups of TREE_LEAVES leaves.
+
+Math (FP32, pre recomputed in registers, never read from memory):
+
+    g[t]     = dy[t] * s * (1 + pre[t] * (1 - s)),   s = sigmoid(pre[t])
+    dx[t]    = w3 * g[t] + w2 * g[t+1] + w1 * g[t+2] + w0 * g[t+3]    (same segment, else 0/halo)
+    dw[c, k] = sum_t g[t, c] * x[t - 3 + k, c],   db[c] = sum_t g[t, c]
+
+The dweight/dbias sum has ONE order, fixed by S alone (never by a tuning choice):
+  1. each leaf (BWD_SUB consecutive rows) accumulates its rows in row order with FMAs;
+  2. the leaves of each aligned group of TREE_LEAVES leaves are added as a pairwise tree;
+  3. the group sums are added in group order.
+A program that owns R = 2**j adjacent leaves adds them with the bottom j levels of that same tree
+before writing (fewer partial bytes); the group kernel finishes the tree from level j. So R, BC and
+the warp count change speed, never bits.
+"""
+
+import triton
+import triton.language as tl
+
+from .triton_common import (
+    conv_pre,
+    count_bounds_le,
+    halo_tap,
+    load_rows,
+    pairwise_sum_rows,
+    search_iters,
+    segment_of_rows,
+    sigmoid_f32,
+    store_rows,
+)
+
+BWD_SUB = 128  # rows per leaf of the dweight tree (fixed: part of the summation order)
+TREE_LEAVES = 64  # leaves per group of the pairwise tree (fixed: part of the summation order)
+LOG2_TREE_LEAVES = 6
+
+
+@triton.jit
+def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, C, n_seg,
+               seq_len, d_lo, d_hi, n_iter,
+               HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr, MASKED: tl.constexpr):
+    """g = dy * silu'(pre) for rows t; also (d, start, end) of their segments when MASKED."""
+    if MASKED:
+        d, start, end = segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU)
+        pos = t - start
+        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+    else:
+        d = t * 0
+        start = t * 0
+        end = t * 0
+    pre = conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0)
+    s = sigmoid_f32(pre)
+    g = dy * (s * (1.0 + pre * (1.0 - s)))
+    return g, d, start, end
+
+
+@triton.jit
+def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc1, acc2, acc3, accb,
+             w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+             HAS_HALO: tl.constexpr, MASKED: tl.constexpr):
+    """dx of rows t from g[t..t+3]; adds row t's terms to the dweight/dbias accumulators."""
+    if MASKED:
+        q = end - 1 - t  # rows after t inside its segment
+        g1 = halo_tap(g1, q >= 1, 0 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        g2 = halo_tap(g2, q >= 2, 1 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        g3 = halo_tap(g3, q >= 3, 2 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        pos = t - start
+        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+    dx = w3 * g0
+    dx = tl.fma(w2, g1, dx)
+    dx = tl.fma(w1, g2, dx)
+    dx = tl.fma(w0, g3, dx)
+    store_rows(dx_ptr, t, dx, sdx, cols, cmask, S, MASKED)
+    acc0 = tl.fma(g0, a3, acc0)
+    acc1 = tl.fma(g0, a2, acc1)
+    acc2 = tl.fma(g0, a1, acc2)
+    acc3 = tl.fma(g0, a0, acc3)
+    accb = accb + g0
+    return acc0, acc1, acc2, acc3, accb
+
+
+@triton.jit
+def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+             n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3,
+             HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr, MASKED: tl.constexpr,
+             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr):
+    """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf)."""
+    n_iter = search_iters(d_hi - d_lo)
+    xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
+    xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
+    xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
+    x0 = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED)
+    x1 = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED)
+    x2 = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED)
+    dy0 = load_rows(dy_ptr, rows0, sdy, cols, cmask, S, MASKED)
+    dy1 = load_rows(dy_ptr, rows0 + 1, sdy, cols, cmask, S, MASKED)
+    dy2 = load_rows(dy_ptr, rows0 + 2, sdy, cols, cmask, S, MASKED)
+    g0, d0, s0, e0 = bwd_g_rows(xm3, xm2, xm1, x0, dy0, rows0, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                HAS_CU, HAS_HALO, MASKED)
+    g1, d1, s1, e1 = bwd_g_rows(xm2, xm1, x0, x1, dy1, rows0 + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                HAS_CU, HAS_HALO, MASKED)
+    g2, d2, s2, e2 = bwd_g_rows(xm1, x0, x1, x2, dy2, rows0 + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                HAS_CU, HAS_HALO, MASKED)
+    acc0 = tl.zeros([R, BC], dtype=tl.float32)
+    acc1 = tl.zeros([R, BC], dtype=tl.float32)
+    acc2 = tl.zeros([R, BC], dtype=tl.float32)
+    acc3 = tl.zeros([R, BC], dtype=tl.float32)
+    accb = tl.zeros([R, BC], dtype=tl.float32)
+    for i in range(0, SUB, 4):
+        t = rows0 + i
+        x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
+        x4 = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
+        x5 = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
+        x6 = load_rows(x_ptr, t + 6, sx, cols, cmask, S, MASKED)
+        dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, MASKED)
+        dy4 = load_rows(dy_ptr, t + 4, sdy, cols, cmask, S, MASKED)
+        dy5 = load_rows(dy_ptr, t + 5, sdy, cols, cmask, S, MASKED)
+        dy6 = load_rows(dy_ptr, t + 6, sdy, cols, cmask, S, MASKED)
+        g3, d3, s3, e3 = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                    HAS_CU, HAS_HALO, MASKED)
+        acc0, acc1, acc2, acc3, accb = _bwd_row(
+            dx_ptr, t, g0, g1, g2, g3, xm3, xm2, xm1, x0, d0, s0, e0, acc0, acc1, acc2, acc3, accb,
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+        g4, d4, s4, e4 = bwd_g_rows(x1, x2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                    HAS_CU, HAS_HALO, MASKED)
+        acc0, acc1, acc2, acc3, accb = _bwd_row(
+            dx_ptr, t + 1, g1, g2, g3, g4, xm2, xm1, x0, x1, d1, s1, e1, acc0, acc1, acc2, acc3, accb,
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+        g5, d5, s5, e5 = bwd_g_rows(x2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                    HAS_CU, HAS_HALO, MASKED)
+        acc0, acc1, acc2, acc3, accb = _bwd_row(
+            dx_ptr, t + 2, g2, g3, g4, g5, xm1, x0, x1, x2, d2, s2, e2, acc0, acc1, acc2, acc3, accb,
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+        g6, d6, s6, e6 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                    HAS_CU, HAS_HALO, MASKED)
+        acc0, acc1, acc2, acc3, accb = _bwd_row(
+            dx_ptr, t + 3, g3, g4, g5, g6, x0, x1, x2, x3, d3, s3, e3, acc0, acc1, acc2, acc3, accb,
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+        xm3 = x1
+        xm2 = x2
+        xm1 = x3
+        x0 = x4
+        x1 = x5
+        x2 = x6
+        g0 = g4
+        g1 = g5
+        g2 = g6
+        d0 = d4
+        d1 = d5
+        d2 = d6
+        s0 = s4
+        s1 = s5
+        s2 = s6
+        e0 = e4
+        e1 = e5
+        e2 = e6
+    return acc0, acc1, acc2, acc3, accb
+
+
+@triton.jit
+def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
+                         S, C8, sx8, sdy8, sdx8, n_seg, seq_len,
+                         HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr,
+                         R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr):
+    """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
+
+    Grid: (cdiv(S, R * SUB), cdiv(C, BC)). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
+    level-LOGR node of the pairwise leaf tree. ``hist`` [N, 3, C] and ``fut`` [N, 3, C] FP32
+    (HAS_HALO, KCP) hold the x rows before and the g rows after each segment.
+    """
+    pid_s = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    C = C8 * 8
+    sx = sx8.to(tl.int64) * 8
+    sdy = sdy8.to(tl.int64) * 8
+    sdx = sdx8.to(tl.int64) * 8
+    cols = pid_c * BC + tl.arange(0, BC)
+    cmask = cols < C
+    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        b = tl.zeros([1, BC], dtype=tl.float32)
+    p0 = pid_s * (R * SUB)
+    p_last = p0 + R * SUB - 1
+    # Taps reach 3 rows back, g look-ahead 3 rows forward.
+    n_lo = count_bounds_le(cu_ptr, n_seg, p0 - 3, seq_len, HAS_CU)
+    n_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU)
+    rows0 = p0 + tl.arange(0, R) * SUB
+    d_lo = tl.maximum(n_lo - 1, 0)
+    d_hi = n_hi - 1
+    if n_lo == n_hi:
+        acc0, acc1, acc2, acc3, accb = _bwd_run(
+            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HALO, False, SUB, R, BC)
+    else:
+        acc0, acc1, acc2, acc3, accb = _bwd_run(
+            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HALO, True, SUB, R, BC)
+    base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
+    tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
+    tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)
+    tl.store(base + 2 * C, pairwise_sum_rows(acc2, R, BC, LOGR), mask=cmask)
+    tl.store(base + 3 * C, pairwise_sum_rows(acc3, R, BC, LOGR), mask=cmask)
+    tl.store(base + 4 * C, pairwise_sum_rows(accb, R, BC, LOGR), mask=cmask)
+
+
+@triton.jit
+def cake_conv_bwd_group_kernel(ws_ptr, gs_ptr, n_nodes, C5,
+                               M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr):
+    """gs[g, j] = pairwise tree sum of ws[g * M + i, j], i = 0..M-1 (missing nodes read as 0).
+
+    Grid: (G, cdiv(5 * C, BLK)). M = TREE_LEAVES / R nodes of level log2(R) per group.
+    """
+    g = tl.program_id(0)
+    pj = tl.program_id(1)
+    cols = pj * BLK + tl.arange(0, BLK)
+    cm = cols < C5
+    nodes = g * M + tl.arange(0, M)
+    offs = nodes.to(tl.int64)[:, None] * C5 + cols[None, :]
+    v = tl.load(ws_ptr + offs, mask=(nodes < n_nodes)[:, None] & cm[None, :], other=0.0)
+    tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, pairwise_sum_rows(v, M, BLK, LOGM), mask=cm)
+
+
+@triton.jit
+def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
+                                  HAS_BIAS: tl.constexpr, BLK: tl.constexpr):
+    """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c], in group order.
+
+    Grid: (cdiv(C, BLK),). Results are cast to the dw / db pointers' dtypes.
+    """
+    pc = tl.program_id(0)
+    cols = pc * BLK + tl.arange(0, BLK)
+    cm = cols < C
+    acc0 = tl.zeros([BLK], dtype=tl.float32)
+    acc1 = tl.zeros([BLK], dtype=tl.float32)
+    acc2 = tl.zeros([BLK], dtype=tl.float32)
+    acc3 = tl.zeros([BLK], dtype=tl.float32)
+    accb = tl.zeros([BLK], dtype=tl.float32)
+    g = 0 * n_groups
+    while g < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
+        base = gs_ptr + g.to(tl.int64) * 5 * C + cols
+        acc0 += tl.load(base + 0 * C, mask=cm, other=0.0)
+        acc1 += tl.load(base + 1 * C, mask=cm, other=0.0)
+        acc2 += tl.load(base + 2 * C, mask=cm, other=0.0)
+        acc3 += tl.load(base + 3 * C, mask=cm, other=0.0)
+        accb += tl.load(base + 4 * C, mask=cm, other=0.0)
+        g += 1
+    ty = dw_ptr.dtype.element_ty
+    tl.store(dw_ptr + cols * 4 + 0, acc0.to(ty), mask=cm)
+    tl.store(dw_ptr + cols * 4 + 1, acc1.to(ty), mask=cm)
+    tl.store(dw_ptr + cols * 4 + 2, acc2.to(ty), mask=cm)
+    tl.store(dw_ptr + cols * 4 + 3, acc3.to(ty), mask=cm)
+    if HAS_BIAS:
+        tl.store(db_ptr + cols, accb.to(db_ptr.dtype.element_ty), mask=cm)

@@ -1,0 +1,140 @@
+"""Triton helpers shared by the forward and backward kernels (no launches here).
+
+Shape legend: R sub-runs handled side by side by one program, BC channels of its channel block,
+S packed tokens, C channels, N segments (documents, or document pieces under KCP), H = 3.
+
+A program's rows are R sub-runs of consecutive tokens; each register tile is [R, BC] and holds one
+row of every sub-run. Segment boundaries come from ``cu`` (``HAS_CU``) or, for [B, T, C] input,
+from the uniform length ``seq_len`` (boundaries d * T). A program whose rows (and the rows its
+taps reach) contain no boundary takes the unmasked path; otherwise it looks up, for each row t,
+its segment d(t) by a binary search restricted to the few segments the program touches.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def count_bounds_le(cu_ptr, n_seg, t, seq_len, HAS_CU: tl.constexpr, K: tl.constexpr = 64):
+    """Number of boundaries cu[d] (d = 0..N) that are <= t, for a scalar t (0 when t < 0).
+
+    K-ary search: each round loads K evenly spaced candidates at once, so N up to 2**18 needs
+    at most three rounds of dependent loads.
+    """
+    if HAS_CU:
+        lo = 0 * t  # invariant: cu[lo] <= t (cu[0] = 0); answer - 1 lies in [lo, lo + span]
+        span = n_seg + 0 * t
+        while span > 0:
+            step = (span + K - 1) // K
+            offs = (tl.arange(0, K) + 1) * step
+            valid = offs <= span
+            v = tl.load(cu_ptr + lo + offs, mask=valid, other=0)
+            c = tl.sum(((v <= t) & valid).to(tl.int32), axis=0)
+            lo = lo + c * step
+            span = tl.minimum(step - 1, span - c * step)
+        res = lo + 1
+    else:
+        res = tl.minimum(t // seq_len, n_seg) + 1
+    return tl.where(t < 0, 0, res)
+
+
+@triton.jit
+def search_iters(span):
+    """ceil(log2(span + 1)): binary-search rounds that shrink span + 1 candidates to one."""
+    n = 0 * span
+    while span > 0:
+        span = span >> 1
+        n += 1
+    return n
+
+
+@triton.jit
+def segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU: tl.constexpr):
+    """(d, start, end) of the segment holding each row t ([R] int32), searched in [d_lo, d_hi].
+
+    Rows at or past S get d = N and start = S (nothing of theirs is read or written).
+    """
+    if HAS_CU:
+        lo = tl.zeros_like(t) + d_lo
+        hi = tl.zeros_like(t) + d_hi
+        it = 0 * n_iter
+        while it < n_iter:  # a while loop: the CPU interpreter cannot range() over a tensor
+            mid = (lo + hi + 1) // 2
+            ok = tl.load(cu_ptr + mid) <= t
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+            it += 1
+        start = tl.load(cu_ptr + lo)
+        end = tl.load(cu_ptr + lo + 1, mask=lo < n_seg, other=2147483647)
+        d = lo
+    else:
+        d = tl.minimum(t // seq_len, n_seg)
+        start = d * seq_len
+        end = start + seq_len
+    return d, start, end
+
+
+@triton.jit
+def load_rows(ptr, t, stride, cols, cmask, S, ROWMASK: tl.constexpr):
+    """FP32 tile [R, BC] of rows t (int32 [R]); rows outside [0, S) read as zero if ROWMASK."""
+    offs = t.to(tl.int64)[:, None] * stride + cols[None, :]
+    if ROWMASK:
+        m = ((t >= 0) & (t < S))[:, None] & cmask[None, :]
+    else:
+        m = cmask[None, :]
+    return tl.load(ptr + offs, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_rows(ptr, t, v, stride, cols, cmask, S, ROWMASK: tl.constexpr):
+    """Store tile v [R, BC] (cast to the pointer's dtype) into rows t."""
+    offs = t.to(tl.int64)[:, None] * stride + cols[None, :]
+    if ROWMASK:
+        m = ((t >= 0) & (t < S))[:, None] & cmask[None, :]
+    else:
+        m = cmask[None, :]
+    tl.store(ptr + offs, v.to(ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.constexpr):
+    """Tap value: ``a`` where the tapped row is inside the row's segment (``inside`` [R] bool).
+
+    Outside it reads zero, or, when HAS_HALO (KCP), the halo row ``halo[d, j]`` ([N, 3, C]
+    buffer, zero rows where the segment's document has no such row).
+    """
+    if HAS_HALO:
+        hrow = (d * 3 + j).to(tl.int64)
+        hm = ((~inside) & (d < n_seg))[:, None] & cmask[None, :]
+        h = tl.load(halo_ptr + hrow[:, None] * C + cols[None, :], mask=hm, other=0.0).to(tl.float32)
+        return tl.where(inside[:, None], a, h)
+    else:
+        return tl.where(inside[:, None], a, 0.0)
+
+
+@triton.jit
+def conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0):
+    """pre = b + w0 * x[t-3] + w1 * x[t-2] + w2 * x[t-1] + w3 * x[t], as four FMAs in this order."""
+    p = tl.fma(w0, a3, b)
+    p = tl.fma(w1, a2, p)
+    p = tl.fma(w2, a1, p)
+    return tl.fma(w3, a0, p)
+
+
+@triton.jit
+def sigmoid_f32(p):
+    """1 / (1 + exp(-p)) in FP32 (one formula for every kernel, so forward and backward agree)."""
+    return 1.0 / (1.0 + tl.exp(-p))
+
+
+@triton.jit
+def pairwise_sum_rows(v, M: tl.constexpr, N: tl.constexpr, LOGM: tl.constexpr):
+    """Sum the M = 2**LOGM rows of v [M, N] as a pairwise tree ((r0 + r1) + (r2 + r3)) + ...
+
+    The order is fixed by M alone (no layout or warp count enters), so the bits are too.
+    """
+    for lvl in tl.static_range(LOGM):
+        v3 = tl.reshape(v, [M >> (lvl + 1), 2, N])
+        a, b = tl.split(tl.permute(v3, (0, 2, 1)))
+        v = a + b
+    return tl.reshape(v, [N])

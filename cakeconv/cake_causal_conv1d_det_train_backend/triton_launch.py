@@ -1,0 +1,107 @@
+"""Host-side launchers of the Triton kernels (no validation here: ops.py validates first).
+
+Shape legend: S packed tokens, C channels, N segments, L leaves of BWD_SUB rows, G groups.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import tuning
+from .triton_backward import (
+    BWD_SUB,
+    LOG2_TREE_LEAVES,
+    TREE_LEAVES,
+    cake_conv_bwd_finalize_kernel,
+    cake_conv_bwd_group_kernel,
+    cake_conv_bwd_kernel,
+)
+from .triton_forward import cake_conv_fwd_kernel
+
+_GROUP_BLK = 64
+_FINAL_BLK = 128
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def backward_workspace_floats(S: int, C: int) -> int:
+    """FP32 elements of the backward workspace: level-0 leaf partials plus group sums.
+
+    Sized for the smallest R a configuration may use (R = 1), so it never depends on tuning.
+    """
+    n_leaves = tuning.cdiv(S, BWD_SUB)
+    n_groups = tuning.cdiv(n_leaves, TREE_LEAVES)
+    return 5 * C * (n_leaves + n_groups)
+
+
+def _segments(cu_seqlens, seq_len, S):
+    """(cu or None, n_seg, seq_len) kernel arguments."""
+    if cu_seqlens is not None:
+        return cu_seqlens, cu_seqlens.numel() - 1, max(S, 1)
+    T = seq_len if seq_len else max(S, 1)
+    return None, tuning.cdiv(S, T), T
+
+
+def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, config=None):
+    """Launch the forward kernel: y_SC <- silu(conv(x_SC)). x_SC, y_SC: unit channel stride."""
+    S, C = x_SC.shape
+    if S == 0:
+        return y_SC
+    cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
+    cfg = config or tuning.pick_fwd_config(C, x_SC.element_size(), interpreting())
+    grid = (tuning.cdiv(S, cfg.R * cfg.SUB), tuning.cdiv(C, cfg.BC))
+    dummy = w_CW
+    cake_conv_fwd_kernel[grid](
+        x_SC, y_SC, w_CW, b_C if b_C is not None else dummy,
+        cu if cu is not None else dummy, hist_NHC if hist_NHC is not None else dummy,
+        S, C // 8, x_SC.stride(0) // 8, y_SC.stride(0) // 8, n_seg, T,
+        HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
+        R=cfg.R, SUB=cfg.SUB, BC=cfg.BC, num_warps=cfg.num_warps,
+    )
+    return y_SC
+
+
+def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
+                    hist_NHC=None, fut_NHC=None, config=None):
+    """Launch the three backward kernels; writes dx_SC, dw_CW and (if given) db_C.
+
+    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements.
+    """
+    S, C = x_SC.shape
+    cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), interpreting())
+    assert (hist_NHC is None) == (fut_NHC is None)
+    cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
+    R = cfg.R
+    logr = R.bit_length() - 1
+    assert 1 << logr == R and R <= TREE_LEAVES
+    n_nodes = tuning.cdiv(S, R * BWD_SUB)
+    n_leaves = tuning.cdiv(S, BWD_SUB)
+    n_groups = tuning.cdiv(n_leaves, TREE_LEAVES)
+    ws_nodes = ws_F[: n_nodes * 5 * C]
+    gs = ws_F[n_leaves * 5 * C: (n_leaves + n_groups) * 5 * C]
+    dummy = w_CW
+    cake_conv_bwd_kernel[(n_nodes, tuning.cdiv(C, cfg.BC))](
+        x_SC, dy_SC, dx_SC, w_CW, b_C if b_C is not None else dummy,
+        cu if cu is not None else dummy,
+        hist_NHC if hist_NHC is not None else dummy, fut_NHC if fut_NHC is not None else dummy,
+        ws_nodes, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, n_seg, T,
+        HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HALO=hist_NHC is not None,
+        R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, num_warps=cfg.num_warps,
+    )
+    M = TREE_LEAVES // R
+    blk = 16 if interpreting() else _GROUP_BLK
+    cake_conv_bwd_group_kernel[(n_groups, tuning.cdiv(5 * C, blk))](
+        ws_nodes, gs, n_nodes, 5 * C, M=M, LOGM=LOG2_TREE_LEAVES - logr, BLK=blk,
+        num_warps=1 if interpreting() else 4,
+    )
+    fblk = 16 if interpreting() else _FINAL_BLK
+    cake_conv_bwd_finalize_kernel[(tuning.cdiv(C, fblk),)](
+        gs, dw_CW, db_C if db_C is not None else dw_CW, n_groups, C,
+        HAS_BIAS=db_C is not None, BLK=fblk, num_warps=1 if interpreting() else 4,
+    )
+    return dx_SC, dw_CW, db_C

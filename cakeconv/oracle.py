@@ -1,0 +1,77 @@
+"""Float64 oracle of the packed causal conv1d + SiLU (tests, demo and benchmarks import it).
+
+Shape legend: S packed tokens, C channels, W = 4 taps, N documents.
+
+The oracle is the definition of SPEC.md section 1, computed the slowest and plainest way: one
+``torch.nn.functional.conv1d(groups=C)`` per document with W - 1 = 3 rows of left zero padding,
+then SiLU, all in float64 on the CPU; the backward is torch autograd of the same graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["causal_conv1d_silu_oracle", "causal_conv1d_silu_oracle_backward", "packed_view"]
+
+
+def packed_view(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, list[int]]:
+    """Return (x_SC, boundaries) for x of shape [S, C], [1, S, C] or [B, T, C].
+
+    With ``cu_seqlens`` None, a [B, T, C] (or [S, C]) input is B (or 1) equal-length documents.
+    """
+    if x.dim() == 3:
+        B, T, C = x.shape
+        if cu_seqlens is None:
+            return x.reshape(B * T, C), [b * T for b in range(B + 1)]
+        return x.reshape(B * T, C), [int(v) for v in cu_seqlens.tolist()]
+    S = x.shape[0]
+    if cu_seqlens is None:
+        return x, [0, S]
+    return x, [int(v) for v in cu_seqlens.tolist()]
+
+
+def _oracle_graph(x_SC, w_CW, b_C, bounds):
+    C = x_SC.shape[1]
+    pieces = []
+    for d in range(len(bounds) - 1):
+        x_LC = x_SC[bounds[d]:bounds[d + 1]]
+        if x_LC.shape[0] == 0:
+            continue
+        x_1CL = F.pad(x_LC.t().unsqueeze(0), (3, 0))
+        pre_1CL = F.conv1d(x_1CL, w_CW.unsqueeze(1), b_C, groups=C)
+        pieces.append(F.silu(pre_1CL[0].t()))
+    if not pieces:
+        return x_SC.new_zeros(0, C)
+    return torch.cat(pieces, 0)
+
+
+def causal_conv1d_silu_oracle(x, weight, bias=None, cu_seqlens=None) -> torch.Tensor:
+    """y = silu(b + sum_k w[:, k] * x[t - 3 + k]) per document, in float64 on the CPU.
+
+    Returns a float64 CPU tensor of x's shape.
+    """
+    x_SC, bounds = packed_view(x, cu_seqlens)
+    x_SC = x_SC.detach().double().cpu()
+    w_CW = weight.detach().double().cpu()
+    b_C = None if bias is None else bias.detach().double().cpu()
+    return _oracle_graph(x_SC, w_CW, b_C, bounds).reshape(x.shape)
+
+
+def causal_conv1d_silu_oracle_backward(dy, x, weight, bias=None, cu_seqlens=None):
+    """(dx, dweight, dbias) of the oracle in float64 (dbias None when bias is None)."""
+    x_SC, bounds = packed_view(x, cu_seqlens)
+    x_SC = x_SC.detach().double().cpu().requires_grad_(True)
+    w_CW = weight.detach().double().cpu().requires_grad_(True)
+    b_C = None if bias is None else bias.detach().double().cpu().requires_grad_(True)
+    y_SC = _oracle_graph(x_SC, w_CW, b_C, bounds)
+    dy_SC = dy.detach().double().cpu().reshape(y_SC.shape)
+    inputs = [x_SC, w_CW] + ([b_C] if b_C is not None else [])
+    if y_SC.numel() == 0:
+        grads = [torch.zeros_like(t) for t in inputs]
+    else:
+        grads = torch.autograd.grad(y_SC, inputs, dy_SC, allow_unused=True)
+        grads = [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, grads)]
+    dx = grads[0].reshape(x.shape)
+    db = grads[2] if b_C is not None else None
+    return dx, grads[1], db
