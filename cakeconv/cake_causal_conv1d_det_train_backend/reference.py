@@ -65,7 +65,7 @@ def _shifted_taps(x_SC, d_S, pos_S, hist_NHC):
             taps.append(torch.where(inside, shifted, torch.zeros_like(shifted)))
         else:
             j = (pos_S - k + 3).clamp(0, 2)
-            from_hist = hist_NHC.float()[d_S, j]
+            from_hist = hist_NHC.to(x_SC.dtype)[d_S, j]
             taps.append(torch.where(inside, shifted, from_hist))
     return taps  # [x(t-3), x(t-2), x(t-1)]
 
@@ -81,12 +81,18 @@ def _sigmoid(p):
     return torch.reciprocal(1.0 + torch.exp(-p))
 
 
+def _compute_dtype(x_SC):
+    """FP32, or float64 for float64 input (only the tests' gradcheck passes float64)."""
+    return torch.float64 if x_SC.dtype == torch.float64 else torch.float32
+
+
 def reference_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len=None, out_SC=None, hist_NHC=None):
     """y[S, C] in x's dtype (see the module docstring for the arithmetic)."""
     S, C = x_SC.shape
-    x32 = x_SC.float()
-    w32 = w_CW.float()
-    b32 = None if b_C is None else b_C.float()
+    ct = _compute_dtype(x_SC)
+    x32 = x_SC.to(ct)
+    w32 = w_CW.to(ct)
+    b32 = None if b_C is None else b_C.to(ct)
     d_S, pos_S = row_positions(S, cu_seqlens, seq_len, x_SC.device)
     taps = _shifted_taps(x32, d_S, pos_S, hist_NHC)
     pre = _pre(x32, w32, b32, taps)
@@ -100,14 +106,15 @@ def reference_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len=None, out_SC=None, hi
 def reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len=None, hist_NHC=None, fut_NHC=None):
     """(dx[S, C] FP32, dw[C, 4] FP32, db[C] FP32, g[S, C] FP32)."""
     S, C = x_SC.shape
-    x32 = x_SC.float()
-    w32 = w_CW.float()
-    b32 = None if b_C is None else b_C.float()
+    ct = _compute_dtype(x_SC)
+    x32 = x_SC.to(ct)
+    w32 = w_CW.to(ct)
+    b32 = None if b_C is None else b_C.to(ct)
     d_S, pos_S = row_positions(S, cu_seqlens, seq_len, x_SC.device)
     taps = _shifted_taps(x32, d_S, pos_S, hist_NHC)
     pre = _pre(x32, w32, b32, taps)
     s = _sigmoid(pre)
-    g = dy_SC.float() * (s * (1.0 + pre * (1.0 - s)))
+    g = dy_SC.to(ct) * (s * (1.0 + pre * (1.0 - s)))
     # dx: g of rows t+1..t+3 of the same segment, else the halo (or zero).
     if cu_seqlens is None:
         T = seq_len if seq_len else max(S, 1)
@@ -125,7 +132,7 @@ def reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len=None, hist_NH
             gk = torch.where(inside, ahead, torch.zeros_like(ahead))
         else:
             j = (t_S + k - seg_end_S).clamp(0, 2)
-            gk = torch.where(inside, ahead, fut_NHC[d_S, j])
+            gk = torch.where(inside, ahead, fut_NHC.to(g.dtype)[d_S, j])
         dx = dx + w32[:, 3 - k] * gk
     dw = torch.stack([tree_sum_rows(g * xk) for xk in taps + [x32]], 1)
     db = tree_sum_rows(g)

@@ -1,0 +1,28 @@
+"""Shared test helpers.
+
+Test tiers (cheapest first; see README "Testing"):
+  1. reference backend on the CPU (this process);
+  2. the real Triton kernels under TRITON_INTERPRET=1 -- marked ``interpret``, run in their own
+     pytest process because triton reads the variable when the kernels are defined;
+  3. several ranks on the CPU over gloo (tests/kcp);
+  4. GPU tests, marked ``gpu``, run on the GPU machine.
+
+Shape legend: S packed tokens, C channels, N documents.
+"""
+
+import os
+
+import pytest
+import torch
+
+from tests.helpers import INTERPRET
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "interpret" in item.keywords and not INTERPRET:
+            item.add_marker(pytest.mark.skip(reason="run with TRITON_INTERPRET=1 in its own pytest process"))
+        if "interpret" not in item.keywords and INTERPRET and "gpu" not in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="tier 1/3 test: runs in the process without TRITON_INTERPRET"))
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (tier 4, run on the GPU machine)"))

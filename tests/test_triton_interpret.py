@@ -1,0 +1,131 @@
+"""Tier 2: the real Triton kernels, run by the CPU interpreter (TRITON_INTERPRET=1).
+
+Run in its own pytest process: ``TRITON_INTERPRET=1 python -m pytest -m interpret tests``.
+Shapes are small (the interpreter executes every program in numpy), yet long enough for several
+programs, several dweight leaves (128 rows each) and programs on both the masked and the unmasked
+path.
+"""
+
+import pytest
+import torch
+
+from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch
+from cakeconv.cake_causal_conv1d_det_train_backend.tuning import BwdConfig, FwdConfig
+from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
+from tests.helpers import TOLERANCES, make_inputs, random_cu_seqlens, rel_err
+
+pytestmark = pytest.mark.interpret
+
+
+def _both(x, w, b, cu, dy):
+    out = {}
+    for backend in ("triton", "reference"):
+        y = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend=backend)
+        out[backend] = (y,) + tuple(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend=backend))
+    return out["triton"], out["reference"]
+
+
+def _ulp_close(a, b, dtype):
+    """Outputs rounded once to dtype: at most one ulp apart (the FP32 values differ by FMA rounding)."""
+    eps = torch.finfo(dtype).eps
+    diff = (a.double() - b.double()).abs()
+    scale = torch.maximum(a.double().abs(), b.double().abs()).clamp_min(1e-3)
+    return bool((diff <= 1.01 * eps * scale + 1e-6).all())
+
+
+# Grid rationale: S = 300 gives 3 dweight leaves, a random document mix (empty, 1-3 tokens, long);
+# S = 7 is shorter than one program; dtypes cover the three x dtypes and both tap dtypes.
+CASES = [
+    (300, 24, torch.bfloat16, torch.float32, True),
+    (300, 16, torch.float16, torch.bfloat16, False),
+    (7, 8, torch.float32, torch.float32, True),
+]
+
+
+@pytest.mark.parametrize("S,C,dtype,wdtype,bias", CASES)
+def test_triton_matches_reference_and_oracle(S, C, dtype, wdtype, bias):
+    gen = torch.Generator().manual_seed(S + C)
+    cu = random_cu_seqlens(S, gen)
+    x, w, b, dy = make_inputs(S, C, dtype=dtype, wdtype=wdtype, bias=bias, seed=S)
+    tri, ref = _both(x, w, b, cu, dy)
+    assert _ulp_close(tri[0], ref[0], dtype), "y"
+    assert _ulp_close(tri[1], ref[1], dtype), "dx"
+    assert rel_err(tri[2], ref[2]) < 1e-5 and tri[2].dtype == torch.float32
+    if bias:
+        assert rel_err(tri[3], ref[3]) < 1e-5
+    else:
+        assert tri[3] is None
+    assert rel_err(tri[0], causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[dtype]
+    dxo, dwo, dbo = causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)
+    assert rel_err(tri[1], dxo) < TOLERANCES[dtype] and rel_err(tri[2], dwo) < 2e-5
+
+
+def test_triton_uniform_batch_equals_packed_bitwise():
+    B, T, C = 2, 150, 16
+    x, w, b, dy = make_inputs(B * T, C, seed=4)
+    cu = torch.tensor([0, T, 2 * T], dtype=torch.int32)
+    y_p = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
+    y_u = cake_causal_conv1d_det_train_forward(x.view(B, T, C), w, b, backend="triton")
+    assert torch.equal(y_u.view(B * T, C), y_p)
+    g_p = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
+    g_u = cake_causal_conv1d_det_train_backward(dy.view(B, T, C), x.view(B, T, C), w, b, backend="triton")
+    assert torch.equal(g_u[0].view(B * T, C), g_p[0])
+    assert torch.equal(g_u[1], g_p[1]) and torch.equal(g_u[2], g_p[2])
+
+
+def test_triton_tuning_never_changes_bits():
+    """Every tile shape gives the same y, dx, dweight and dbias bits (fixed summation order)."""
+    S, C = 520, 32
+    gen = torch.Generator().manual_seed(5)
+    cu = random_cu_seqlens(S, gen, short=False)
+    x, w, b, dy = make_inputs(S, C, seed=6)
+    fwd_cfgs = [FwdConfig(1, 8, 32, 1), FwdConfig(2, 16, 16, 1), FwdConfig(4, 4, 8, 1)]
+    ys = []
+    for cfg in fwd_cfgs:
+        y = torch.empty_like(x)
+        triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
+        ys.append(y)
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    bwd_cfgs = [BwdConfig(1, 32, 1), BwdConfig(2, 16, 1), BwdConfig(4, 8, 1)]
+    outs = []
+    n_ws = triton_launch.backward_workspace_floats(S, C)
+    for cfg in bwd_cfgs:
+        dx = torch.empty_like(x)
+        dw = torch.empty(C, 4)
+        db = torch.empty(C)
+        ws = torch.full((n_ws,), float("nan"))
+        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+        outs.append((dx, dw, db))
+    for o in outs[1:]:
+        for a, c in zip(outs[0], o):
+            assert torch.equal(a, c)
+    dxr, dwr, dbr = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="reference")
+    assert rel_err(outs[0][1], dwr) < 1e-5
+
+
+def test_triton_deterministic_and_autograd():
+    S, C = 200, 16
+    cu = torch.tensor([0, 1, 2, 5, 5, 130, 200], dtype=torch.int32)
+    x, w, b, dy = make_inputs(S, C, seed=8)
+    runs = []
+    for _ in range(2):
+        xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
+        y = cake_causal_conv1d_det(xg, wg, bg, cu_seqlens=cu, backend="triton")
+        y.backward(dy)
+        runs.append((y, xg.grad, wg.grad, bg.grad))
+    for a, c in zip(*runs):
+        assert torch.equal(a, c)
+    dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
+    assert torch.equal(runs[0][1], dx) and torch.equal(runs[0][2], dw) and torch.equal(runs[0][3], db)
+
+
+def test_triton_empty_and_tiny_documents():
+    C = 8
+    x = torch.zeros(0, C, dtype=torch.bfloat16)
+    w = torch.randn(C, 4)
+    assert cake_causal_conv1d_det_train_forward(x, w, None, torch.tensor([0, 0], dtype=torch.int32), backend="triton").shape == (0, C)
+    x, w, b, dy = make_inputs(6, C, seed=1)
+    cu = torch.tensor([0, 1, 1, 3, 6], dtype=torch.int32)
+    tri, ref = _both(x, w, b, cu, dy)
+    assert _ulp_close(tri[0], ref[0], torch.bfloat16) and _ulp_close(tri[1], ref[1], torch.bfloat16)
