@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
+#   bash benchmarks/device_run.sh [tests] [sweep] [bench] [benchquick] [kcp]
+# Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
+set -u
+OUT=${OUT:-./device_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if ls .fla/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/fla .fla/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/fla
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
+for step in "$@"; do
+  case "$step" in
+    tests) python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
+    gputests) python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+    sweep) python3 benchmarks/sweep_configs.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
+    bench) python3 benchmarks/bench_cake_causal_conv1d_det.py --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -60 ;;
+    benchquick) python3 benchmarks/bench_cake_causal_conv1d_det.py --quick --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -40 ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

@@ -1,0 +1,135 @@
+"""Time every candidate launch configuration of the Triton kernels (GPU), to choose tuning.py's.
+
+Prints, per (pass, C, config): median ms over cold-L2 calls and the fraction of the copy bandwidth
+measured in the same run (floor bytes: forward 4*S*C, backward 6*S*C for bf16). Writes a JSON-lines
+file per row when --out is given.
+
+    python benchmarks/sweep_configs.py --C 128,512,2048,8192 --out $OUT
+"""
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import torch
+import triton
+
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch
+from cakeconv.cake_causal_conv1d_det_train_backend.tuning import BwdConfig, FwdConfig
+
+
+def fwd_candidates(C):
+    out = []
+    for BC, R, w in [(64, 16, 4), (128, 8, 4), (128, 16, 8), (128, 16, 4), (256, 4, 4), (256, 8, 8),
+                     (256, 8, 4), (512, 2, 4), (512, 4, 8), (1024, 1, 4), (1024, 2, 8)]:
+        if BC > max(64, triton.next_power_of_2(C)):
+            continue
+        for SUB in (16, 32, 64):
+            out.append(FwdConfig(R=R, SUB=SUB, BC=BC, num_warps=w))
+    return out
+
+
+def bwd_candidates(C):
+    out = []
+    for BC, R, w in [(64, 4, 2), (64, 8, 4), (64, 16, 4), (128, 2, 2), (128, 4, 4), (128, 8, 4), (128, 8, 8),
+                     (256, 2, 4), (256, 4, 4), (256, 4, 8), (512, 1, 4), (512, 2, 8)]:
+        if BC > max(64, triton.next_power_of_2(C)):
+            continue
+        out.append(BwdConfig(R=R, BC=BC, num_warps=w))
+    return out
+
+
+def random_cu(S, seed, mean=3000):
+    g = torch.Generator().manual_seed(seed)
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(torch.randint(1, 2 * mean, (), generator=g))))
+    return torch.tensor(cuts, dtype=torch.int32, device="cuda")
+
+
+def time_calls(fn_list, reps, flush):
+    """Median ms of fn_list[i % len] over reps calls, each after an L2 flush."""
+    ts = []
+    for i in range(reps + 3):
+        flush.zero_()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn = fn_list[i % len(fn_list)]
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        if i >= 3:
+            ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def copy_bandwidth(flush):
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = time_calls([lambda: b.copy_(a)], 10, flush)
+    del a, b
+    return 2 * n / ms / 1e6  # GB/s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--C", default="128,512,2048,8192")
+    ap.add_argument("--S", type=int, default=250340)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--passes", default="fwd,bwd")
+    args = ap.parse_args()
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    bw = copy_bandwidth(flush)
+    print(f"# {torch.cuda.get_device_name()} copy bandwidth {bw:.0f} GB/s", flush=True)
+    rows = []
+    S = args.S
+    for C in [int(c) for c in args.C.split(",")]:
+        cu = random_cu(S, C)
+        sets = []
+        for k in range(3):
+            x = torch.randn(S, C, device="cuda").bfloat16()
+            dy = torch.randn(S, C, device="cuda").bfloat16()
+            sets.append((x, dy, torch.empty_like(x), torch.empty_like(x)))
+        w = torch.randn(C, 4, device="cuda")
+        b = torch.randn(C, device="cuda")
+        ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
+        dw = torch.empty(C, 4, device="cuda")
+        db = torch.empty(C, device="cuda")
+        if "fwd" in args.passes:
+            for cfg in fwd_candidates(C):
+                fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg) for s in sets]
+                ms = time_calls(fns, args.reps, flush)
+                frac = 4 * S * C / ms / 1e6 / bw
+                rows.append(dict(pass_="fwd", C=C, cfg=str(cfg), ms=ms, frac=frac))
+                print(f"fwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
+        if "bwd" in args.passes:
+            for cfg in bwd_candidates(C):
+                fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg) for s in sets]
+                ms = time_calls(fns, args.reps, flush)
+                frac = 6 * S * C / ms / 1e6 / bw
+                rows.append(dict(pass_="bwd", C=C, cfg=str(cfg), ms=ms, frac=frac))
+                print(f"bwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
+        del sets
+    print("\n# best per (pass, C)")
+    for p in ("fwd", "bwd"):
+        for C in sorted({r["C"] for r in rows}):
+            cand = [r for r in rows if r["pass_"] == p and r["C"] == C]
+            if cand:
+                best = min(cand, key=lambda r: r["ms"])
+                print(f"{p} C={C:5d} best {best['cfg']} {best['ms']:.4f} ms frac {best['frac']:.3f}")
+    if args.out:
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        with open(f"{args.out}/sweep_configs.jsonl", "w") as f:
+            for r in rows:
+                r.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                         date=stamp, copy_gbps=bw, S=S)
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Tier 4: the compiled Triton kernels on a CUDA GPU (run on the GPU machine).
+
+Large shapes are checked against the FP32 reference backend run on the same GPU (same math,
+different rounding: FMA vs separate multiply-add) and, on a subset of channels, against the
+float64 oracle (the conv is depthwise, so a channel subset is the same problem).
+"""
+
+import pytest
+import torch
+
+from cakeconv import (
+    cake_causal_conv1d_det,
+    cake_causal_conv1d_det_train_backward,
+    cake_causal_conv1d_det_train_backward_workspace_bytes,
+    cake_causal_conv1d_det_train_forward,
+)
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
+from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
+from tests.helpers import TOLERANCES, rel_err
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+
+def _random_docs(S, gen, mean=3000):
+    """Random packed document boundaries (int32 on the GPU) with some 1-3 token documents."""
+    cuts = [0]
+    while cuts[-1] < S:
+        r = torch.rand((), generator=gen).item()
+        n = int(torch.randint(0, 4, (), generator=gen)) if r < 0.2 else int(torch.randint(4, 2 * mean, (), generator=gen))
+        cuts.append(min(S, cuts[-1] + n))
+    return torch.tensor(cuts, dtype=torch.int32, device=DEV)
+
+
+def _inputs(S, C, seed, dtype=torch.bfloat16, wdtype=torch.float32):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(S, C, generator=gen, device=DEV).to(dtype)
+    dy = torch.randn(S, C, generator=gen, device=DEV).to(dtype)
+    w = (torch.randn(C, 4, generator=gen, device=DEV) * 0.5).to(wdtype)
+    b = (torch.randn(C, generator=gen, device=DEV) * 0.5).to(wdtype)
+    return x, w, b, dy
+
+
+# Grid rationale: the seed's largest S at the smallest, a middle and the largest C; C = 1160 is
+# not a multiple of the channel block (masked channels); S = 4099 is short and odd.
+@pytest.mark.parametrize("S,C", [(262144, 128), (250340, 1160), (262144, 8192), (4099, 24)])
+def test_gpu_matches_reference_and_oracle(S, C):
+    gen = torch.Generator().manual_seed(S + C)
+    cu = _random_docs(S, gen)
+    x, w, b, dy = _inputs(S, C, seed=C)
+    y = cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    y_ref = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="reference")
+    assert rel_err(y, y_ref) < TOLERANCES[torch.bfloat16]
+    dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+    dx_r, dw_r, db_r = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="reference")
+    assert rel_err(dx, dx_r) < TOLERANCES[torch.bfloat16]
+    assert rel_err(dw, dw_r) < 1e-5 and rel_err(db, db_r) < 1e-5
+    # float64 oracle on 16 channels (a depthwise conv: the same problem restricted to them).
+    cols = torch.arange(0, C, max(1, C // 16), device=DEV)[:16]
+    xs, dys, ws_, bs = x[:, cols].cpu(), dy[:, cols].cpu(), w[cols].cpu(), b[cols].cpu()
+    cu_c = cu.cpu()
+    assert rel_err(y[:, cols], causal_conv1d_silu_oracle(xs, ws_, bs, cu_c)) < TOLERANCES[torch.bfloat16]
+    dxo, dwo, dbo = causal_conv1d_silu_oracle_backward(dys, xs, ws_, bs, cu_c)
+    assert rel_err(dx[:, cols], dxo) < TOLERANCES[torch.bfloat16]
+    assert rel_err(dw[cols], dwo) < 1e-5 and rel_err(db[cols], dbo) < 1e-5
+    # bitwise determinism across calls
+    y2 = cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    dx2, dw2, db2 = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+    assert torch.equal(y, y2) and torch.equal(dx, dx2) and torch.equal(dw, dw2) and torch.equal(db, db2)
+
+
+@pytest.mark.parametrize("C", [128, 1160, 4096])
+def test_gpu_every_config_gives_the_same_bits(C):
+    """Forward and backward under every configuration the tuner may choose: identical bits."""
+    S = 100003
+    cu = _random_docs(S, torch.Generator().manual_seed(C), mean=700)
+    x, w, b, dy = _inputs(S, C, seed=3)
+    ys = []
+    for cfg in tuning.FWD_CONFIGS:
+        y = torch.full_like(x, float("nan"))
+        triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
+        ys.append(y)
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    outs = []
+    for cfg in tuning.BWD_CONFIGS:
+        dx = torch.full_like(x, float("nan"))
+        dw = torch.full((C, 4), float("nan"), device=DEV)
+        db = torch.full((C,), float("nan"), device=DEV)
+        ws = torch.full((triton_launch.backward_workspace_floats(S, C),), float("nan"), device=DEV)
+        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+        outs.append((dx, dw, db))
+    for o in outs[1:]:
+        for a, c in zip(outs[0], o):
+            assert torch.equal(a, c)
+
+
+def test_gpu_uniform_batch_and_dtypes():
+    B, T, C = 4, 5003, 256
+    for dtype, wdtype in [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16), (torch.float32, torch.float32)]:
+        x, w, b, dy = _inputs(B * T, C, seed=5, dtype=dtype, wdtype=wdtype)
+        cu = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=DEV)
+        y_p = cake_causal_conv1d_det_train_forward(x, w, b, cu)
+        y_u = cake_causal_conv1d_det_train_forward(x.view(B, T, C), w, b)
+        assert torch.equal(y_u.view(B * T, C), y_p)
+        y_r = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="reference")
+        assert rel_err(y_p, y_r) < TOLERANCES[dtype]
+        g_p = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+        g_u = cake_causal_conv1d_det_train_backward(dy.view(B, T, C), x.view(B, T, C), w, b)
+        assert all(torch.equal(a.reshape(-1), c.reshape(-1)) for a, c in zip(g_p, g_u))
+
+
+def test_gpu_workspace_path_allocates_nothing():
+    S, C = 65536, 1024
+    cu = _random_docs(S, torch.Generator().manual_seed(1))
+    x, w, b, dy = _inputs(S, C, seed=2)
+    out = torch.empty_like(x)
+    dx = torch.empty_like(x)
+    ws = torch.empty(cake_causal_conv1d_det_train_backward_workspace_bytes(S, C), dtype=torch.uint8, device=DEV)
+    cake_causal_conv1d_det_train_forward(x, w, b, cu, out=out)  # warm-up: compile, validate cu
+    cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, dx=dx, workspace=ws)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    cake_causal_conv1d_det_train_forward(x, w, b, cu, out=out)
+    _, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, dx=dx, workspace=ws)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() == before
+    ref = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+    assert torch.equal(dx, ref[0]) and torch.equal(dw, ref[1]) and torch.equal(db, ref[2])
+
+
+def test_gpu_autograd_saves_only_inputs_and_small_backward_peak():
+    S, C = 250340, 2048
+    cu = _random_docs(S, torch.Generator().manual_seed(3))
+    x, w, b, dy = _inputs(S, C, seed=4)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = cake_causal_conv1d_det(x, w, b, cu_seqlens=cu)
+    assert {t.data_ptr() for t in saved} == {x.data_ptr(), w.data_ptr(), b.data_ptr(), cu.data_ptr()}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    y.backward(dy)
+    torch.cuda.synchronize()
+    dx_bytes = x.numel() * x.element_size()
+    n_blocks = triton_launch.backward_workspace_floats(S, C) // (5 * C)
+    extra = torch.cuda.max_memory_allocated() - base - dx_bytes - 2 * (w.numel() + b.numel()) * 4
+    # Beyond dx (and the tiny dweight/dbias), only the FP32 partials: 5 * C floats per token block.
+    assert extra <= 4 * 5 * C * n_blocks + (1 << 20), (extra, n_blocks)
