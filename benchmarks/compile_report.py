@@ -25,7 +25,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 FWD_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "cu_ptr": "*i32",
            "hist_ptr": "*bf16", "S": "i32", "C8": "i32", "sx8": "i32", "sy8": "i32", "n_seg": "i32",
            "seq_len": "i32", "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr",
-           "R": "constexpr", "SUB": "constexpr", "BC": "constexpr"}
+           "R": "constexpr", "SUB": "constexpr", "BC": "constexpr", "PREFETCH": "constexpr"}
 BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32",
            "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
            "C8": "i32", "sx8": "i32", "sdy8": "i32", "sdx8": "i32", "n_seg": "i32", "seq_len": "i32",
@@ -36,7 +36,7 @@ BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp
 def compile_one(fn, sig, consts, num_warps, n_ptrs):
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)}  # as the JIT sees aligned tensors
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
-                        options={"num_warps": num_warps})
+                        options={"num_warps": num_warps, "enable_fp_fusion": False})
     ptx = ck.asm["ptx"]
     acc = collections.Counter(re.findall(r"\b((?:ld|st)\.(?:global|local)[\.\w]*)", ptx))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -51,7 +51,8 @@ def compile_one(fn, sig, consts, num_warps, n_ptrs):
 def main():
     rows = []
     for cfg in tuning.FWD_CONFIGS:
-        consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB, "BC": cfg.BC}
+        consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB, "BC": cfg.BC,
+                  "PREFETCH": cfg.prefetch}
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg.num_warps, 6))
     for cfg in tuning.BWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HALO": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,

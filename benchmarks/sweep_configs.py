@@ -16,29 +16,15 @@ import sys
 import torch
 import triton
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch
-from cakeconv.cake_causal_conv1d_det_train_backend.tuning import BwdConfig, FwdConfig
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
 
 
 def fwd_candidates(C):
-    out = []
-    for BC, R, w in [(64, 16, 4), (128, 8, 4), (128, 16, 8), (128, 16, 4), (256, 4, 4), (256, 8, 8),
-                     (256, 8, 4), (512, 2, 4), (512, 4, 8), (1024, 1, 4), (1024, 2, 8)]:
-        if BC > max(64, triton.next_power_of_2(C)):
-            continue
-        for SUB in (16, 32, 64):
-            out.append(FwdConfig(R=R, SUB=SUB, BC=BC, num_warps=w))
-    return out
+    return [c for c in tuning.FWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))]
 
 
 def bwd_candidates(C):
-    out = []
-    for BC, R, w in [(64, 4, 2), (64, 8, 4), (64, 16, 4), (128, 2, 2), (128, 4, 4), (128, 8, 4), (128, 8, 8),
-                     (256, 2, 4), (256, 4, 4), (256, 4, 8), (512, 1, 4), (512, 2, 8)]:
-        if BC > max(64, triton.next_power_of_2(C)):
-            continue
-        out.append(BwdConfig(R=R, BC=BC, num_warps=w))
-    return out
+    return [c for c in tuning.BWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))]
 
 
 def random_cu(S, seed, mean=3000):

@@ -333,6 +333,13 @@ def _segments_of_rank(cu: list[int], rank_spans) -> tuple[list[int], list[int], 
     return seg_start, seg_stop, doc_start, doc_stop
 
 
+def _owners(tok_DH: torch.Tensor, valid_DH: torch.Tensor, owner_rank_T: torch.Tensor, owner_row_T: torch.Tensor) -> torch.Tensor:
+    """int64 [D, H, 2]: (owner rank, owner local row) of each valid token, (-1, -1) elsewhere."""
+    safe_DH = torch.where(valid_DH, tok_DH, torch.zeros_like(tok_DH))
+    src_DH2 = torch.stack([owner_rank_T[safe_DH], owner_row_T[safe_DH]], dim=-1)
+    return torch.where(valid_DH[..., None], src_DH2, torch.full_like(src_DH2, -1))
+
+
 def _build_exchange_specs(src_by_rank: list[torch.Tensor], value_index_by_rank: list[torch.Tensor], num_values: list[int]):
     """Exchange specs of every rank from every receiver's source table.
 
@@ -343,15 +350,21 @@ def _build_exchange_specs(src_by_rank: list[torch.Tensor], value_index_by_rank: 
         num_values: per rank, rows of its values array.
     """
     num_ranks = len(src_by_rank)
-    # messages[(q, r)] = (send rows on q, recv slots on r), slots ascending.
+    # send[q][r]: rows of q's values array for r; recv[r][q]: r's slots they fill (same order).
     send = [dict() for _ in range(num_ranks)]
     recv = [dict() for _ in range(num_ranks)]
     self_src = [torch.empty(0, dtype=torch.int64) for _ in range(num_ranks)]
     self_dst = [torch.empty(0, dtype=torch.int64) for _ in range(num_ranks)]
     for r, src_K2 in enumerate(src_by_rank):
-        owner_K = src_K2[:, 0]
-        for q in torch.unique(owner_K[owner_K >= 0]).tolist():
-            slots_K = torch.nonzero(owner_K == q).flatten()  # ascending
+        # Valid slots grouped by owner, ascending slot order within each owner (stable sort).
+        valid_slots = torch.nonzero(src_K2[:, 0] >= 0).flatten()
+        owner_valid = src_K2[valid_slots, 0]
+        order = torch.sort(owner_valid, stable=True).indices
+        grouped_slots = valid_slots[order]
+        counts = torch.bincount(owner_valid, minlength=num_ranks).tolist()
+        for q, slots_K in zip(range(num_ranks), torch.split(grouped_slots, counts)):
+            if slots_K.numel() == 0:
+                continue
             rows_K = value_index_by_rank[q][src_K2[slots_K, 1]]
             if q == r:
                 self_src[r], self_dst[r] = rows_K, slots_K
@@ -396,14 +409,16 @@ def build_rank_plans(cu_seqlens, fragments) -> list[RankPlan]:
     owner_row_T = torch.full((num_tokens,), -1, dtype=torch.int64)
     local_token_indices = []
     for r, rank_spans in enumerate(table):
-        row = 0
-        pieces = []
-        for start, stop in rank_spans:
-            owner_rank_T[start:stop] = r
-            owner_row_T[start:stop] = torch.arange(row, row + stop - start, dtype=torch.int64)
-            pieces.append(torch.arange(start, stop, dtype=torch.int64))
-            row += stop - start
-        local_token_indices.append(torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64))
+        start_F = torch.tensor([start for start, _ in rank_spans], dtype=torch.int64)
+        length_F = torch.tensor([stop - start for start, stop in rank_spans], dtype=torch.int64)
+        num_rows = int(length_F.sum())
+        first_row_F = torch.cumsum(length_F, 0) - length_F
+        # global token of local row i = start of its fragment + (i - first row of its fragment)
+        row_S = torch.arange(num_rows, dtype=torch.int64)
+        tokens_S = row_S + torch.repeat_interleave(start_F - first_row_F, length_F)
+        owner_rank_T[tokens_S] = r
+        owner_row_T[tokens_S] = row_S
+        local_token_indices.append(tokens_S)
     assert bool((owner_rank_T >= 0).all()), "validated fragments must cover every token"
 
     j_H = torch.arange(HALO_ROWS, dtype=torch.int64)
@@ -414,20 +429,14 @@ def build_rank_plans(cu_seqlens, fragments) -> list[RankPlan]:
         cu_D1 = torch.zeros(len(seg_start) + 1, dtype=torch.int64)
         cu_D1[1:] = torch.cumsum(lengths_D, 0)
         local_cu.append(cu_D1.to(torch.int32))
-
-        def lookup(tok_DH, valid_DH):
-            safe_DH = torch.where(valid_DH, tok_DH, torch.zeros_like(tok_DH))
-            src_DH2 = torch.stack([owner_rank_T[safe_DH], owner_row_T[safe_DH]], dim=-1)
-            return torch.where(valid_DH[..., None], src_DH2, torch.full_like(src_DH2, -1))
-
         start_D = torch.tensor(seg_start, dtype=torch.int64)
         stop_D = torch.tensor(seg_stop, dtype=torch.int64)
         doc_start_D = torch.tensor(doc_start, dtype=torch.int64)
         doc_stop_D = torch.tensor(doc_stop, dtype=torch.int64)
         hist_tok_DH = start_D[:, None] - HALO_ROWS + j_H[None, :]
         fut_tok_DH = stop_D[:, None] + j_H[None, :]
-        hist_src.append(lookup(hist_tok_DH, hist_tok_DH >= doc_start_D[:, None]))
-        fut_src.append(lookup(fut_tok_DH, fut_tok_DH < doc_stop_D[:, None]))
+        hist_src.append(_owners(hist_tok_DH, hist_tok_DH >= doc_start_D[:, None], owner_rank_T, owner_row_T))
+        fut_src.append(_owners(fut_tok_DH, fut_tok_DH < doc_stop_D[:, None], owner_rank_T, owner_row_T))
 
     # fut_rows[q]: rows of q named by any rank's fut_src; position map row -> index in fut_rows.
     fut_rows, fut_pos = [], []

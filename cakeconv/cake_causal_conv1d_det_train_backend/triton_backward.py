@@ -12,7 +12,9 @@ Math (FP32, pre recomputed in registers, never read from memory):
 The dweight/dbias sum has ONE order, fixed by S alone (never by a tuning choice):
   1. each leaf (BWD_SUB consecutive rows) accumulates its rows in row order with FMAs;
   2. the leaves of each aligned group of TREE_LEAVES leaves are added as a pairwise tree;
-  3. the group sums are added in group order.
+  3. the group sums of each aligned block of GROUP_BLOCK groups are added as a pairwise tree
+     (missing groups count as zero), and the block sums in block order (one block up to
+     S = 2**21 tokens).
 A program that owns R = 2**j adjacent leaves adds them with the bottom j levels of that same tree
 before writing (fewer partial bytes); the group kernel finishes the tree from level j. So R, BC and
 the warp count change speed, never bits.
@@ -24,6 +26,7 @@ import triton.language as tl
 from .triton_common import (
     conv_pre,
     count_bounds_le,
+    window_has_boundary,
     halo_tap,
     load_rows,
     pairwise_sum_rows,
@@ -33,9 +36,11 @@ from .triton_common import (
     store_rows,
 )
 
-BWD_SUB = 128  # rows per leaf of the dweight tree (fixed: part of the summation order)
-TREE_LEAVES = 64  # leaves per group of the pairwise tree (fixed: part of the summation order)
-LOG2_TREE_LEAVES = 6
+BWD_SUB = 32  # rows per leaf of the dweight tree (fixed: part of the summation order)
+TREE_LEAVES = 256  # leaves per group of the pairwise tree (fixed: part of the summation order)
+LOG2_TREE_LEAVES = 8
+GROUP_BLOCK = 64  # group sums added as one pairwise tree per block of 64 groups (fixed)
+LOG2_GROUP_BLOCK = 6
 
 
 @triton.jit
@@ -200,20 +205,19 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
         b = tl.zeros([1, BC], dtype=tl.float32)
     p0 = pid_s * (R * SUB)
     p_last = p0 + R * SUB - 1
-    # Taps reach 3 rows back, g look-ahead 3 rows forward.
-    n_lo = count_bounds_le(cu_ptr, n_seg, p0 - 3, seq_len, HAS_CU)
-    n_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU)
     rows0 = p0 + tl.arange(0, R) * SUB
-    d_lo = tl.maximum(n_lo - 1, 0)
-    d_hi = n_hi - 1
-    if n_lo == n_hi:
-        acc0, acc1, acc2, acc3, accb = _bwd_run(
-            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HALO, False, SUB, R, BC)
-    else:
+    # Taps reach 3 rows back, the g look-ahead 3 rows forward.
+    n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - 3, p_last + 3, seq_len, HAS_CU)
+    if masked:
+        d_lo = tl.maximum(n_lo - 1, 0)
+        d_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU) - 1
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
             n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HALO, True, SUB, R, BC)
+    else:
+        acc0, acc1, acc2, acc3, accb = _bwd_run(
+            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HALO, False, SUB, R, BC)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)
@@ -240,11 +244,22 @@ def cake_conv_bwd_group_kernel(ws_ptr, gs_ptr, n_nodes, C5,
 
 
 @triton.jit
-def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
-                                  HAS_BIAS: tl.constexpr, BLK: tl.constexpr):
-    """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c], in group order.
+def _group_block_sum(gs_ptr, blk0, n_groups, k, C, cols, cm, GB: tl.constexpr, LOGGB: tl.constexpr, BLK: tl.constexpr):
+    """Pairwise tree sum of gs[blk0 + i, k * C + cols] over i = 0..GB-1 (missing groups: 0)."""
+    gi = blk0 + tl.arange(0, GB)
+    offs = gi.to(tl.int64)[:, None] * 5 * C + k * C + cols[None, :]
+    v = tl.load(gs_ptr + offs, mask=(gi < n_groups)[:, None] & cm[None, :], other=0.0)
+    return pairwise_sum_rows(v, GB, BLK, LOGGB)
 
-    Grid: (cdiv(C, BLK),). Results are cast to the dw / db pointers' dtypes.
+
+@triton.jit
+def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
+                                  HAS_BIAS: tl.constexpr, BLK: tl.constexpr,
+                                  GB: tl.constexpr, LOGGB: tl.constexpr):
+    """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c].
+
+    Order: a pairwise tree over each block of GB groups, then the blocks in order. Grid:
+    (cdiv(C, BLK),). Results are cast to the dw / db pointers' dtypes.
     """
     pc = tl.program_id(0)
     cols = pc * BLK + tl.arange(0, BLK)
@@ -254,15 +269,14 @@ def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
     acc2 = tl.zeros([BLK], dtype=tl.float32)
     acc3 = tl.zeros([BLK], dtype=tl.float32)
     accb = tl.zeros([BLK], dtype=tl.float32)
-    g = 0 * n_groups
-    while g < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
-        base = gs_ptr + g.to(tl.int64) * 5 * C + cols
-        acc0 += tl.load(base + 0 * C, mask=cm, other=0.0)
-        acc1 += tl.load(base + 1 * C, mask=cm, other=0.0)
-        acc2 += tl.load(base + 2 * C, mask=cm, other=0.0)
-        acc3 += tl.load(base + 3 * C, mask=cm, other=0.0)
-        accb += tl.load(base + 4 * C, mask=cm, other=0.0)
-        g += 1
+    blk0 = 0 * n_groups
+    while blk0 < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
+        acc0 += _group_block_sum(gs_ptr, blk0, n_groups, 0, C, cols, cm, GB, LOGGB, BLK)
+        acc1 += _group_block_sum(gs_ptr, blk0, n_groups, 1, C, cols, cm, GB, LOGGB, BLK)
+        acc2 += _group_block_sum(gs_ptr, blk0, n_groups, 2, C, cols, cm, GB, LOGGB, BLK)
+        acc3 += _group_block_sum(gs_ptr, blk0, n_groups, 3, C, cols, cm, GB, LOGGB, BLK)
+        accb += _group_block_sum(gs_ptr, blk0, n_groups, 4, C, cols, cm, GB, LOGGB, BLK)
+        blk0 += GB
     ty = dw_ptr.dtype.element_ty
     tl.store(dw_ptr + cols * 4 + 0, acc0.to(ty), mask=cm)
     tl.store(dw_ptr + cols * 4 + 1, acc1.to(ty), mask=cm)

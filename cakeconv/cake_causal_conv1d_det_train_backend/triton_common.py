@@ -39,6 +39,21 @@ def count_bounds_le(cu_ptr, n_seg, t, seq_len, HAS_CU: tl.constexpr, K: tl.const
 
 
 @triton.jit
+def window_has_boundary(cu_ptr, n_seg, lo, hi, seq_len, HAS_CU: tl.constexpr):
+    """(n_lo, flag): n_lo = #boundaries <= lo, flag = some boundary cu[d] lies in (lo, hi].
+
+    One K-ary search and one load: the first boundary after lo is cu[n_lo].
+    """
+    n_lo = count_bounds_le(cu_ptr, n_seg, lo, seq_len, HAS_CU)
+    if HAS_CU:
+        nxt = tl.load(cu_ptr + tl.minimum(n_lo, n_seg))
+        flag = (n_lo <= n_seg) & (nxt <= hi)
+    else:
+        flag = n_lo != count_bounds_le(cu_ptr, n_seg, hi, seq_len, HAS_CU)
+    return n_lo, flag
+
+
+@triton.jit
 def search_iters(span):
     """ceil(log2(span + 1)): binary-search rounds that shrink span + 1 candidates to one."""
     n = 0 * span

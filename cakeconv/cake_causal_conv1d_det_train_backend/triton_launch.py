@@ -12,6 +12,8 @@ import torch
 from . import tuning
 from .triton_backward import (
     BWD_SUB,
+    GROUP_BLOCK,
+    LOG2_GROUP_BLOCK,
     LOG2_TREE_LEAVES,
     TREE_LEAVES,
     cake_conv_bwd_finalize_kernel,
@@ -21,7 +23,10 @@ from .triton_backward import (
 from .triton_forward import cake_conv_fwd_kernel
 
 _GROUP_BLK = 64
-_FINAL_BLK = 128
+_FINAL_BLK = 32
+# Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
+# code path (masked / unmasked, varlen / uniform) and not in another, which changes bits.
+_NO_FUSION = dict(enable_fp_fusion=False)
 
 
 def interpreting() -> bool:
@@ -61,7 +66,7 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
         cu if cu is not None else dummy, hist_NHC if hist_NHC is not None else dummy,
         S, C // 8, x_SC.stride(0) // 8, y_SC.stride(0) // 8, n_seg, T,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
-        R=cfg.R, SUB=cfg.SUB, BC=cfg.BC, num_warps=cfg.num_warps,
+        R=cfg.R, SUB=cfg.SUB, BC=cfg.BC, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **_NO_FUSION,
     )
     return y_SC
 
@@ -91,17 +96,18 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
         hist_NHC if hist_NHC is not None else dummy, fut_NHC if fut_NHC is not None else dummy,
         ws_nodes, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, n_seg, T,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HALO=hist_NHC is not None,
-        R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, num_warps=cfg.num_warps,
+        R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, num_warps=cfg.num_warps, **_NO_FUSION,
     )
     M = TREE_LEAVES // R
     blk = 16 if interpreting() else _GROUP_BLK
     cake_conv_bwd_group_kernel[(n_groups, tuning.cdiv(5 * C, blk))](
         ws_nodes, gs, n_nodes, 5 * C, M=M, LOGM=LOG2_TREE_LEAVES - logr, BLK=blk,
-        num_warps=1 if interpreting() else 4,
+        num_warps=1 if interpreting() else 4, **_NO_FUSION,
     )
     fblk = 16 if interpreting() else _FINAL_BLK
     cake_conv_bwd_finalize_kernel[(tuning.cdiv(C, fblk),)](
         gs, dw_CW, db_C if db_C is not None else dw_CW, n_groups, C,
-        HAS_BIAS=db_C is not None, BLK=fblk, num_warps=1 if interpreting() else 4,
+        HAS_BIAS=db_C is not None, BLK=fblk, GB=GROUP_BLOCK, LOGGB=LOG2_GROUP_BLOCK,
+        num_warps=1 if interpreting() else 4, **_NO_FUSION,
     )
     return dx_SC, dw_CW, db_C

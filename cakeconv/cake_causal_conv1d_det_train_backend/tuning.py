@@ -17,12 +17,16 @@ import triton
 
 @dataclass(frozen=True)
 class FwdConfig:
-    """R sub-runs of SUB rows side by side, BC channels per program, num_warps warps."""
+    """R sub-runs of SUB rows side by side, BC channels per program, num_warps warps.
+
+    prefetch (0/1): request the next four rows before the current four rows' arithmetic.
+    """
 
     R: int
     SUB: int
     BC: int
     num_warps: int
+    prefetch: int = 0
 
 
 @dataclass(frozen=True)
@@ -35,21 +39,34 @@ class BwdConfig:
 
 
 FWD_CONFIGS = (
-    FwdConfig(R=4, SUB=64, BC=128, num_warps=4),
+    FwdConfig(R=16, SUB=16, BC=128, num_warps=4),
+    FwdConfig(R=16, SUB=16, BC=128, num_warps=4, prefetch=1),
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4),
-    FwdConfig(R=2, SUB=128, BC=256, num_warps=4),
-    FwdConfig(R=4, SUB=64, BC=256, num_warps=8),
-    FwdConfig(R=1, SUB=128, BC=512, num_warps=4),
-    FwdConfig(R=2, SUB=64, BC=512, num_warps=8),
+    FwdConfig(R=8, SUB=32, BC=128, num_warps=4, prefetch=1),
+    FwdConfig(R=8, SUB=16, BC=64, num_warps=2),
+    FwdConfig(R=4, SUB=32, BC=256, num_warps=4),
+    FwdConfig(R=4, SUB=32, BC=256, num_warps=4, prefetch=1),
+    FwdConfig(R=2, SUB=64, BC=512, num_warps=4),
+    FwdConfig(R=2, SUB=64, BC=512, num_warps=4, prefetch=1),
+    FwdConfig(R=1, SUB=64, BC=1024, num_warps=4),
+    FwdConfig(R=1, SUB=64, BC=1024, num_warps=4, prefetch=1),
+    FwdConfig(R=1, SUB=128, BC=1024, num_warps=4),
+    FwdConfig(R=1, SUB=256, BC=1024, num_warps=4),
+    FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, prefetch=1),
+    FwdConfig(R=2, SUB=128, BC=512, num_warps=4, prefetch=1),
 )
 
 BWD_CONFIGS = (
-    BwdConfig(R=4, BC=64, num_warps=4),
-    BwdConfig(R=2, BC=128, num_warps=4),
-    BwdConfig(R=4, BC=128, num_warps=4),
+    BwdConfig(R=16, BC=64, num_warps=4),
+    BwdConfig(R=16, BC=64, num_warps=8),
     BwdConfig(R=8, BC=64, num_warps=4),
-    BwdConfig(R=1, BC=256, num_warps=4),
-    BwdConfig(R=2, BC=256, num_warps=8),
+    BwdConfig(R=8, BC=128, num_warps=4),
+    BwdConfig(R=8, BC=128, num_warps=8),
+    BwdConfig(R=4, BC=128, num_warps=4),
+    BwdConfig(R=4, BC=256, num_warps=4),
+    BwdConfig(R=4, BC=256, num_warps=8),
+    BwdConfig(R=2, BC=512, num_warps=8),
+    BwdConfig(R=8, BC=256, num_warps=8),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.
@@ -62,12 +79,10 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
     if interpret:
         return FWD_INTERPRET
     if C <= 128:
-        return FWD_CONFIGS[1]
-    if C <= 256:
         return FWD_CONFIGS[0]
-    if C <= 1024:
-        return FWD_CONFIGS[2]
-    return FWD_CONFIGS[3]
+    if C <= 512:
+        return FWD_CONFIGS[5]
+    return FWD_CONFIGS[9]
 
 
 def pick_bwd_config(C: int, itemsize: int, interpret: bool) -> BwdConfig:
@@ -75,10 +90,10 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool) -> BwdConfig:
     if interpret:
         return BWD_INTERPRET
     if C <= 128:
-        return BWD_CONFIGS[3]
-    if C <= 512:
         return BWD_CONFIGS[0]
-    return BWD_CONFIGS[2]
+    if C <= 512:
+        return BWD_CONFIGS[3]
+    return BWD_CONFIGS[6]
 
 
 def cdiv(a: int, b: int) -> int:
