@@ -19,6 +19,14 @@ from .cake_causal_conv1d_det_train import (
     is_cake_causal_conv1d_det_train_supported,
 )
 
+from .cake_causal_conv1d_det_train_kcp import (
+    KcpContext,
+    RecomputeHandleDetKcp,
+    build_kcp_context,
+    cake_causal_conv1d_det_kcp,
+    cake_causal_conv1d_det_multi_kcp,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -29,4 +37,9 @@ __all__ = [
     "cake_causal_conv1d_det_train_forward_workspace_bytes",
     "cake_causal_conv1d_det_train_backward_workspace_bytes",
     "is_cake_causal_conv1d_det_train_supported",
+    "build_kcp_context",
+    "KcpContext",
+    "cake_causal_conv1d_det_kcp",
+    "cake_causal_conv1d_det_multi_kcp",
+    "RecomputeHandleDetKcp",
 ]

@@ -12,8 +12,13 @@ Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_tra
 - ``checks.py``          input validation
 - ``ops.py``             forward/backward entry points with caller-provided buffers
 - ``function.py``        ``CakeCausalConv1dDetFunction`` and ``cake_causal_conv1d_det``
+- ``kcp_plan.py``        KCP layouts, fragment tables and per-rank halo plans (host)
+- ``kcp_exchange.py``    the halo exchange (point-to-point, gloo and NCCL)
+- ``kcp_context.py``     ``KcpContext`` / ``build_kcp_context``
+- ``kcp.py``             KCP programs, Functions and the recompute handle
 """
 
+from . import kcp
 from .function import CakeCausalConv1dDetFunction, cake_causal_conv1d_det
 from .ops import (
     cake_causal_conv1d_det_train_backward,

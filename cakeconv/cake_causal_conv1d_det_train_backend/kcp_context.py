@@ -12,6 +12,7 @@ F rows sent by the future exchange (n_fut), P ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import torch
@@ -56,6 +57,8 @@ class KcpContext:
         fut_rows: int64 [F]: local rows whose FP32 pre-activation gradient this rank sends in the
             future exchange, ``g_send[i]`` = g of row ``fut_rows[i]``.
         hist_exchange, fut_exchange: ExchangeSpec on ``device``.
+        hist_rows: int64 [K]: local rows this rank sends in the history exchange (to peers or
+            itself); ``hist_exchange_compact`` is ``hist_exchange`` indexing ``x_local[hist_rows]``.
         plan: the RankPlan on ``device`` (the same tensors as above).
     """
 
@@ -79,6 +82,7 @@ class KcpContext:
         self.fut_rows = plan.fut_rows
         self.hist_exchange = plan.hist_exchange
         self.fut_exchange = plan.fut_exchange
+        self.hist_rows, self.hist_exchange_compact = compact_exchange(plan.hist_exchange)
 
     def __repr__(self) -> str:
         return (
@@ -118,6 +122,25 @@ class KcpContext:
     def exchange_fut(self, g_send_FC: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Future rows ``fut[D*H, C]`` (slot d*H + j = g of token ``stop_token(d) + j``, or zero)."""
         return halo_exchange(g_send_FC, self.fut_exchange, self.num_slots, self.group, out=out)
+
+
+def compact_exchange(spec):
+    """(rows, spec'): the sorted unique rows a spec sends (to peers or itself) and the same spec
+    indexing into ``values[rows]`` instead of ``values``.
+
+    The KCP ops gather only these rows of every tensor of a layer and exchange them in one message
+    per peer (the ``multi`` form's single exchange).
+    """
+    parts = [spec.self_src_idx] + [spec.send_idx[q] for q in spec.peers]
+    rows = torch.unique(torch.cat(parts)) if parts else spec.self_src_idx
+    remap = lambda idx: torch.searchsorted(rows, idx)  # noqa: E731  (rows is sorted and holds idx)
+    compact = dataclasses.replace(
+        spec,
+        num_values=int(rows.numel()),
+        send_idx={q: remap(t) for q, t in spec.send_idx.items()},
+        self_src_idx=remap(spec.self_src_idx),
+    )
+    return rows, compact
 
 
 def build_kcp_context(cu_seqlens, *, layout=None, group=None, fragments=None, device=None) -> KcpContext:

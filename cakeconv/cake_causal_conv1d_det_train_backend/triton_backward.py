@@ -284,3 +284,44 @@ def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
     tl.store(dw_ptr + cols * 4 + 3, acc3.to(ty), mask=cm)
     if HAS_BIAS:
         tl.store(db_ptr + cols, accb.to(db_ptr.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows_ptr, g_ptr,
+                              n_rows, S, C8, sx8, sdy8, n_seg,
+                              HAS_BIAS: tl.constexpr, RB: tl.constexpr, BC: tl.constexpr):
+    """g[i, c] = dy[t] * silu'(pre[t]) in FP32 for the listed local rows t = rows[i] (KCP).
+
+    The rows whose g another fragment's dx needs (its look-ahead across a rank boundary). The same
+    helpers and FMA sequence as the main backward kernel, so the bits are those it computes for
+    the same rows. Grid: (cdiv(n_rows, RB), cdiv(C, BC)); ``cu`` are the local segment
+    boundaries, ``hist`` [N, 3, C] the x rows before each segment.
+    """
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    C = C8 * 8
+    sx = sx8.to(tl.int64) * 8
+    sdy = sdy8.to(tl.int64) * 8
+    cols = pid_c * BC + tl.arange(0, BC)
+    cmask = cols < C
+    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        b = tl.zeros([1, BC], dtype=tl.float32)
+    i = pid_r * RB + tl.arange(0, RB)
+    imask = i < n_rows
+    t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)  # padding rows read as row S
+    a3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
+    a2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
+    a1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
+    a0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
+    dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, True)
+    n_iter = search_iters(n_seg - 1)
+    g, d, start, end = bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+                                  C, n_seg, S, 0, n_seg - 1, n_iter, True, True, True)
+    offs = i.to(tl.int64)[:, None] * C + cols[None, :]
+    tl.store(g_ptr + offs, g, mask=imask[:, None] & cmask[None, :])

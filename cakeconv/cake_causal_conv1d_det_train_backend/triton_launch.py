@@ -18,6 +18,7 @@ from .triton_backward import (
     TREE_LEAVES,
     cake_conv_bwd_finalize_kernel,
     cake_conv_bwd_group_kernel,
+    cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
 )
 from .triton_forward import cake_conv_fwd_kernel
@@ -111,3 +112,18 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
         num_warps=1 if interpreting() else 4, **_NO_FUSION,
     )
     return dx_SC, dw_CW, db_C
+
+
+def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
+    """KCP: g_FC[i] <- FP32 g of local row rows_F[i] (segments from cu_seqlens, halo hist_NHC)."""
+    S, C = x_SC.shape
+    n = rows_F.numel()
+    if n == 0:
+        return g_FC
+    rb, bc, nw = (4, 16, 1) if interpreting() else (8, 128, 4)
+    cake_conv_bwd_head_kernel[(tuning.cdiv(n, rb), tuning.cdiv(C, bc))](
+        x_SC, dy_SC, w_CW, b_C if b_C is not None else w_CW, cu_seqlens, hist_NHC, rows_F, g_FC,
+        n, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, cu_seqlens.numel() - 1,
+        HAS_BIAS=b_C is not None, RB=rb, BC=bc, num_warps=nw, **_NO_FUSION,
+    )
+    return g_FC

@@ -1,0 +1,332 @@
+"""Context-parallel (KCP) programs: halo exchange + the single-rank kernels on local segments.
+
+Shape legend: S local rows, C channels (per tensor), D local segments, H = 3 halo rows,
+K rows this rank sends in the history exchange, F rows it sends in the future exchange, n tensors.
+
+A rank holds fragments of the packed batch (``KcpContext``). Its rows are cut into segments
+(runs of consecutive tokens of one fragment and one document). For each segment d:
+
+    hist[d, j] = x of the token 3 - j rows before its first token (zero outside the document)
+    fut[d, j]  = FP32 g of the token j rows after its last token (zero outside the document)
+
+Forward: ONE exchange brings ``hist`` (x rows of every tensor of the layer, concatenated along
+channels), then the forward kernel runs on the local rows, reading hist where a tap leaves the
+segment. Backward: a head kernel computes g for the rows other fragments need (``fut_rows``), ONE
+exchange brings ``fut``, then the backward kernel runs, reading fut where dx looks past the
+segment's end. The boundary rows thus go through the very arithmetic of the single-rank kernel on
+the very same inputs: y and dx are bitwise the single-rank op's on this rank's tokens (same
+backend). dweight/dbias are this rank's partial sums (FP32, fixed order within the rank); the
+training framework reduces them over the data- and context-parallel group like every gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import checks
+from .kcp_context import KcpContext
+from .kcp_exchange import halo_exchange
+from .ops import _rows
+from .reference import reference_backward, reference_forward
+from .triton_launch import backward_workspace_floats, triton_backward, triton_forward, triton_head_g
+
+__all__ = [
+    "cake_causal_conv1d_det_forward_kcp",
+    "cake_causal_conv1d_det_backward_kcp",
+    "cake_causal_conv1d_det_multi_forward_kcp",
+    "cake_causal_conv1d_det_multi_backward_kcp",
+    "CakeCausalConv1dDetFunctionKcp",
+    "CakeCausalConv1dDetMultiFunctionKcp",
+    "RecomputeHandleDetKcp",
+]
+
+H = 3
+
+
+class RecomputeHandleDetKcp:
+    """Lets torch.utils.checkpoint's recompute of a KCP forward skip the forward halo exchange.
+
+    Pass one handle per convolution call and micro-step (created outside the outermost checkpoint
+    region, passed as an argument of the checkpointed function). The original forward exchanges as
+    always and stores the received history rows in ``entries["conv"]`` (``"conv_multi"`` for the
+    multi form); the recompute inside the backward reads them back, so y and the gradients are
+    bitwise those of the same checkpoint without a handle. The backward still exchanges.
+
+    A forward outside a backward that finds an entry raises (a handle reused across micro-steps);
+    ``clear()`` makes the handle reusable. The exchange is a collective: every rank passes a handle
+    for the same call or none.
+    """
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def clear(self) -> None:
+        """Forget the stored history rows (call between micro-steps to reuse the handle)."""
+        self.entries.clear()
+
+    def __repr__(self) -> str:
+        return f"RecomputeHandleDetKcp(entries={sorted(self.entries)})"
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward (checkpoint recompute happens there)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+# --------------------------------------------------------------------------------------- checks
+
+def _check_kcp(xs, weights, biases, ctx, backend):
+    """Validate a KCP call; returns (xs as [S, C] rows, resolved backend)."""
+    if not isinstance(ctx, KcpContext):
+        raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
+    if len(xs) == 0:
+        raise ValueError("need at least one tensor")
+    if len(weights) != len(xs) or len(biases) != len(xs):
+        raise ValueError(f"got {len(xs)} tensors, {len(weights)} weights and {len(biases)} biases; give one of each per tensor")
+    S = ctx.num_local_tokens
+    rows = []
+    for i, (x, w, b) in enumerate(zip(xs, weights, biases)):
+        name = f"xs[{i}]" if len(xs) > 1 else "x_local"
+        checks.check_tensor(name, x, checks.X_DTYPES)
+        if x.device != ctx.device:
+            raise ValueError(f"{name} is on {x.device} but the KcpContext is on {ctx.device}")
+        if not (x.dim() == 2 or (x.dim() == 3 and x.shape[0] == 1)):
+            raise ValueError(f"{name} must be [S_local, C] or [1, S_local, C], got shape {tuple(x.shape)}")
+        if x.shape[-2] != S:
+            raise ValueError(f"{name} has {x.shape[-2]} rows but this rank holds S_local = {S} tokens of the context")
+        C = x.shape[-1]
+        if C % 8 != 0 or C == 0:
+            raise ValueError(f"the channel count C must be a positive multiple of 8, got C = {C} for {name}")
+        if x.dtype != xs[0].dtype:
+            raise TypeError(f"all tensors of a multi call share one dtype: xs[0] is {xs[0].dtype}, {name} is {x.dtype}")
+        wname = f"weights[{i}]" if len(xs) > 1 else "weight"
+        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32:
+            raise TypeError(f"{wname} must be an FP32 tensor (the KCP contract), got "
+                            f"{w.dtype if isinstance(w, torch.Tensor) else type(w).__name__}")
+        if w.device != x.device:
+            raise ValueError(f"{wname} is on {w.device} but {name} is on {x.device}")
+        if tuple(w.shape) != (C, 4):
+            raise ValueError(f"{wname} must be [C, 4] = [{C}, 4], got shape {tuple(w.shape)}")
+        if b is not None:
+            bname = f"biases[{i}]" if len(xs) > 1 else "bias"
+            if not isinstance(b, torch.Tensor) or b.dtype != torch.float32:
+                raise TypeError(f"{bname} must be an FP32 tensor or None (the KCP contract), got "
+                                f"{b.dtype if isinstance(b, torch.Tensor) else type(b).__name__}")
+            if b.device != x.device:
+                raise ValueError(f"{bname} is on {b.device} but {name} is on {x.device}")
+            if tuple(b.shape) != (C,):
+                raise ValueError(f"{bname} must be [C] = [{C}], got shape {tuple(b.shape)}")
+        rows.append(_rows(x, S, C))
+    return rows, checks.resolve_backend(backend, ctx.device)
+
+
+# ------------------------------------------------------------------------------------- programs
+
+def _split_channels(buf_NC, widths):
+    """Per-tensor contiguous [D, H, C_i] views of a [D*H, sum C_i] halo buffer."""
+    out, off = [], 0
+    for C in widths:
+        out.append(buf_NC[:, off:off + C].contiguous().view(-1, H, C))
+        off += C
+    return out
+
+
+def exchange_history(x_rows, ctx):
+    """ONE history exchange for all tensors; returns per tensor hist [D, H, C_i] (x's dtype)."""
+    vals_KC = torch.cat([x.index_select(0, ctx.hist_rows) for x in x_rows], 1)
+    hist_NC = halo_exchange(vals_KC, ctx.hist_exchange_compact, ctx.num_slots, ctx.group)
+    return _split_channels(hist_NC, [x.shape[1] for x in x_rows])
+
+
+def cake_causal_conv1d_det_multi_forward_kcp(xs, weights, ctx, biases=None, *, backend="auto", hists=None):
+    """Forward of several tensors of one layer with ONE halo exchange.
+
+    Args:
+        xs: list of [S_local, C_i] or [1, S_local, C_i] local rows (one dtype), in ctx's order.
+        weights: list of FP32 [C_i, 4]. biases: list of FP32 [C_i] or None (or None for all).
+        ctx: the KcpContext. hists: history rows from an earlier exchange (recompute); when given,
+            no exchange happens.
+
+    Returns:
+        (ys, hists): outputs of xs' shapes and dtype, and the per-tensor history rows [D, 3, C_i].
+    """
+    biases = list(biases) if biases is not None else [None] * len(xs)
+    x_rows, be = _check_kcp(list(xs), list(weights), biases, ctx, backend)
+    if hists is None:
+        hists = exchange_history(x_rows, ctx)
+    cu = ctx.local_cu_seqlens
+    ys = []
+    for x, x_SC, w, b, hist in zip(xs, x_rows, weights, biases, hists):
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if x_SC.shape[0] > 0:
+            y_SC = y.view(x_SC.shape)
+            if be == "triton":
+                triton_forward(x_SC, w, b, cu, None, y_SC, hist_NHC=hist)
+            else:
+                reference_forward(x_SC, w, b, cu, out_SC=y_SC, hist_NHC=hist)
+        ys.append(y)
+    return ys, hists
+
+
+def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None, *, hists,
+                                              backend="auto", dweight_dtype=torch.float32):
+    """Backward of the multi form with ONE (future) halo exchange.
+
+    Args:
+        dys: gradients of the outputs (xs' shapes). hists: the forward's history rows.
+
+    Returns:
+        (dxs, dweights, dbiases): dweight/dbias are this rank's partial sums (FP32 summed, returned
+        in ``dweight_dtype``); the framework all-reduces them like any gradient. dbias entries are
+        None where the bias is None.
+    """
+    biases = list(biases) if biases is not None else [None] * len(xs)
+    x_rows, be = _check_kcp(list(xs), list(weights), biases, ctx, backend)
+    S = ctx.num_local_tokens
+    dy_rows = []
+    for i, (dy, x) in enumerate(zip(dys, xs)):
+        checks.check_tensor(f"dys[{i}]", dy, checks.X_DTYPES, x.device)
+        if tuple(dy.shape) != tuple(x.shape):
+            raise ValueError(f"dys[{i}] must have the shape {tuple(x.shape)} of its x, got {tuple(dy.shape)}")
+        dy_rows.append(_rows(dy, S, x.shape[-1]))
+    cu = ctx.local_cu_seqlens
+    fut_rows = ctx.fut_rows
+    # 1. g of the rows other fragments look ahead into (same arithmetic as the main kernel).
+    g_sends = []
+    for x_SC, dy_SC, w, b, hist in zip(x_rows, dy_rows, weights, biases, hists):
+        if be == "triton":
+            g_FC = torch.empty((fut_rows.numel(), x_SC.shape[1]), dtype=torch.float32, device=x_SC.device)
+            if S > 0:
+                triton_head_g(dy_SC, x_SC, w, b, cu, hist, fut_rows, g_FC)
+        else:
+            _, _, _, g_SC = reference_backward(dy_SC, x_SC, w, b, cu, hist_NHC=hist)
+            g_FC = g_SC.index_select(0, fut_rows)
+        g_sends.append(g_FC)
+    # 2. ONE future exchange for all tensors.
+    fut_NC = halo_exchange(torch.cat(g_sends, 1), ctx.fut_exchange, ctx.num_slots, ctx.group)
+    futs = _split_channels(fut_NC, [x.shape[1] for x in x_rows])
+    # 3. dx and the partial dweight/dbias of this rank.
+    dxs, dws, dbs = [], [], []
+    for x, x_SC, dy_SC, w, b, hist, fut in zip(xs, x_rows, dy_rows, weights, biases, hists, futs):
+        C = x_SC.shape[1]
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dw = torch.zeros((C, 4), dtype=dweight_dtype, device=x.device)
+        db = torch.zeros((C,), dtype=dweight_dtype, device=x.device) if b is not None else None
+        if S > 0:
+            dx_SC = dx.view(S, C)
+            if be == "triton":
+                ws = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=x.device)
+                triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist, fut_NHC=fut)
+            else:
+                dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w, b, cu, hist_NHC=hist, fut_NHC=fut)
+                dx_SC.copy_(dx32)
+                dw.copy_(dw32)
+                if db is not None:
+                    db.copy_(db32)
+        dxs.append(dx)
+        dws.append(dw)
+        dbs.append(db)
+    return dxs, dws, dbs
+
+
+def cake_causal_conv1d_det_forward_kcp(x_local, weight, ctx, bias=None, *, backend="auto", hist=None):
+    """Single-tensor forward: (y, hist [D, 3, C]); see cake_causal_conv1d_det_multi_forward_kcp."""
+    ys, hists = cake_causal_conv1d_det_multi_forward_kcp(
+        [x_local], [weight], ctx, [bias], backend=backend, hists=None if hist is None else [hist])
+    return ys[0], hists[0]
+
+
+def cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx, bias=None, *, hist, backend="auto",
+                                        dweight_dtype=torch.float32):
+    """Single-tensor backward: (dx, dweight, dbias); see cake_causal_conv1d_det_multi_backward_kcp."""
+    dxs, dws, dbs = cake_causal_conv1d_det_multi_backward_kcp(
+        [dy], [x_local], [weight], ctx, [bias], hists=[hist], backend=backend, dweight_dtype=dweight_dtype)
+    return dxs[0], dws[0], dbs[0]
+
+
+# ------------------------------------------------------------------------------------- autograd
+
+def _histories(key, handle, run_exchange):
+    """History rows: exchanged, or (inside a checkpoint recompute) read back from the handle."""
+    if handle is None:
+        return run_exchange()
+    if key in handle.entries:
+        if not _in_backward():
+            raise RuntimeError(
+                f"RecomputeHandleDetKcp already holds an entry {key!r} outside a backward: a handle is "
+                f"reused across micro-steps or calls; create one per call and micro-step, or clear() it")
+        return handle.entries[key]
+    hists = run_exchange()
+    handle.entries[key] = hists
+    return hists
+
+
+class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
+    """KCP conv1d + SiLU of n tensors of one layer: one exchange forward, one backward.
+
+    ==============  =====================  ==============================================
+    operand         shape                  notes
+    ==============  =====================  ==============================================
+    xs[i]           [S, C_i] | [1, S, C_i]  bf16/fp16/fp32, this rank's rows in ctx's order
+    weights[i]      [C_i, 4]               FP32
+    biases[i]       [C_i] or None          FP32
+    ys[i]           xs[i]'s shape           xs' dtype
+    hist (saved)    [D, 3, C_i]            x rows before each local segment
+    ==============  =====================  ==============================================
+
+    Forward: ``y = silu(b + sum_k w[:, k] * x[t - 3 + k])`` with x rows before a segment's first
+    token read from hist (exchanged). Backward: g of the rows others need, one exchange of those
+    FP32 g rows, then ``dx[t] = sum_k w[:, k] * g[t + 3 - k]`` with g rows past the segment read
+    from fut, and the partial ``dw = sum_t g[t] x[t - 3 + k]``, ``db = sum_t g[t]`` of this rank.
+    """
+
+    KEY = "conv_multi"
+
+    @staticmethod
+    def forward(ctx, kctx, backend, handle, n, *args):
+        xs, weights, biases = list(args[:n]), list(args[n:2 * n]), list(args[2 * n:3 * n])
+        x_rows, _ = _check_kcp(xs, weights, biases, kctx, backend)
+        hists = _histories(CakeCausalConv1dDetMultiFunctionKcp.KEY, handle, lambda: exchange_history(x_rows, kctx))
+        ys, _ = cake_causal_conv1d_det_multi_forward_kcp(xs, weights, kctx, biases, backend=backend, hists=hists)
+        ctx.kctx, ctx.backend, ctx.n = kctx, backend, n
+        ctx.has_bias = [b is not None for b in biases]
+        ctx.save_for_backward(*xs, *weights, *[b for b in biases if b is not None], *hists)
+        return tuple(ys)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        n = ctx.n
+        saved = list(ctx.saved_tensors)
+        xs, weights = saved[:n], saved[n:2 * n]
+        nb = sum(ctx.has_bias)
+        it = iter(saved[2 * n:2 * n + nb])
+        biases = [next(it) if hb else None for hb in ctx.has_bias]
+        hists = saved[2 * n + nb:]
+        dys = [torch.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
+        dxs, dws, dbs = cake_causal_conv1d_det_multi_backward_kcp(
+            dys, xs, weights, ctx.kctx, biases, hists=hists, backend=ctx.backend)
+        return (None, None, None, None, *dxs, *dws, *dbs)
+
+
+class CakeCausalConv1dDetFunctionKcp(torch.autograd.Function):
+    """KCP conv1d + SiLU of one tensor (the multi Function's programs with n = 1).
+
+    Shapes and math as ``CakeCausalConv1dDetMultiFunctionKcp``; the recompute handle key is
+    ``"conv"``. The results are bitwise those of the multi form's entry for the same tensor.
+    """
+
+    @staticmethod
+    def forward(ctx, x_local, weight, bias, kctx, backend, handle):
+        x_rows, _ = _check_kcp([x_local], [weight], [bias], kctx, backend)
+        hists = _histories("conv", handle, lambda: exchange_history(x_rows, kctx))
+        y, _ = cake_causal_conv1d_det_forward_kcp(x_local, weight, kctx, bias, backend=backend, hist=hists[0])
+        ctx.kctx, ctx.backend, ctx.has_bias = kctx, backend, bias is not None
+        ctx.save_for_backward(x_local, weight, bias, hists[0])
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_local, weight, bias, hist = ctx.saved_tensors
+        dx, dw, db = cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx.kctx, bias, hist=hist,
+                                                         backend=ctx.backend)
+        return dx, dw, db, None, None, None
