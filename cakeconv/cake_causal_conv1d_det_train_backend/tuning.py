@@ -75,25 +75,25 @@ BWD_INTERPRET = BwdConfig(R=2, BC=16, num_warps=1)
 
 
 def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
-    """Heuristic forward configuration for C channels of ``itemsize``-byte x."""
+    """Forward configuration for C channels: the fastest of FWD_CONFIGS in the H200 sweep
+    (benchmarks/NOTES.md, forward v2) at the nearest measured C."""
     if interpret:
         return FWD_INTERPRET
     if C <= 128:
-        return FWD_CONFIGS[0]
-    if C <= 512:
-        return FWD_CONFIGS[5]
-    return FWD_CONFIGS[9]
+        return FWD_CONFIGS[1]  # 0.54 of copy bandwidth at C = 128
+    if C % 1024 == 0:
+        return FWD_CONFIGS[13]  # 0.75-0.76 at C = 2048, 8192
+    return FWD_CONFIGS[2]  # 0.65 at C = 512, 0.70 at C = 2048 (128-channel blocks: no idle lanes)
 
 
 def pick_bwd_config(C: int, itemsize: int, interpret: bool) -> BwdConfig:
-    """Heuristic backward configuration for C channels of ``itemsize``-byte x."""
+    """Backward configuration for C channels: the fastest of BWD_CONFIGS in the H200 sweep
+    (benchmarks/NOTES.md, backward v2)."""
     if interpret:
         return BWD_INTERPRET
-    if C <= 128:
-        return BWD_CONFIGS[0]
-    if C <= 512:
-        return BWD_CONFIGS[3]
-    return BWD_CONFIGS[6]
+    if C <= 64:
+        return BWD_CONFIGS[2]
+    return BWD_CONFIGS[5]  # 0.38 (C = 128), 0.42 (512), 0.51 (2048), 0.52 (8192)
 
 
 def cdiv(a: int, b: int) -> int:
