@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Redraw the plot and reprint the table of bench_cake_causal_conv1d_det.py from its JSON-lines output.
+
+    python benchmarks/plot_results.py benchmarks/results/bench_cake_causal_conv1d_det.jsonl [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cake_causal_conv1d_det as bench  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("jsonl")
+    p.add_argument("--out", default=None, help="folder for the PNG (default: the JSON-lines file's folder)")
+    p.add_argument("--sweep-s", type=int, default=None, help="S of the C sweep to plot (default 250340, or the most common S)")
+    args = p.parse_args(argv)
+    env, rows, checks = {}, [], []
+    with open(args.jsonl) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            kind = r.get("kind")
+            if kind == "env":
+                env = r
+            elif kind == "timing":
+                rows.append(r)
+            elif kind == "check":
+                checks.append(r)
+    if not rows:
+        raise SystemExit(f"no timing rows in {args.jsonl}")
+    sweep_s = args.sweep_s
+    if sweep_s is None:
+        counts = {}
+        for r in rows:
+            counts[r["S"]] = counts.get(r["S"], 0) + 1
+        sweep_s = bench.SWEEP_S if bench.SWEEP_S in counts else max(counts, key=counts.get)
+    out = args.out or os.path.dirname(os.path.abspath(args.jsonl))
+    os.makedirs(out, exist_ok=True)
+    notes = list(env.get("notes", []))
+    png = bench.plot(rows, sweep_s, env, out, notes)
+    passes = [p_ for p_ in bench.PASSES if any(r["pass"] == p_ for r in rows)]
+    biases = [b for b in (False, True) if any(r["bias"] == b for r in rows)]
+    print(bench.format_table(rows, checks, env, notes, passes, biases, sweep_s, [png] if png else [],
+                             env.get("elapsed_s", float("nan"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command (README quick start, .ci/run): every CPU tier, each in its own pytest process.
+#   tier 1 + 3: reference backend, API, errors, determinism, KCP over gloo (2-8 ranks)
+#   tier 2:     the real Triton kernels under TRITON_INTERPRET=1 (set before triton is imported)
+# Tier 4 (GPU) tests are marked `gpu` and skip here; run `python -m pytest -m gpu tests` on a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== tiers 1 and 3: reference backend, API, KCP over gloo =="
+python -m pytest -q tests
+echo "== tier 2: Triton kernels in the CPU interpreter (TRITON_INTERPRET=1) =="
+TRITON_INTERPRET=1 python -m pytest -q -m interpret tests
