@@ -29,7 +29,7 @@ FWD_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32
 BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32",
            "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
            "C8": "i32", "sx8": "i32", "sdy8": "i32", "sdx8": "i32", "n_seg": "i32", "seq_len": "i32",
-           "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HALO": "constexpr", "R": "constexpr",
+           "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr", "HAS_FUT": "constexpr", "R": "constexpr",
            "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr"}
 
 
@@ -55,7 +55,7 @@ def main():
                   "PREFETCH": cfg.prefetch}
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg.num_warps, 6))
     for cfg in tuning.BWD_CONFIGS:
-        consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HALO": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
+        consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
                   "SUB": triton_backward.BWD_SUB, "BC": cfg.BC}
         rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg.num_warps, 9))
     for kind, cfg, regs, stack, acc in rows:

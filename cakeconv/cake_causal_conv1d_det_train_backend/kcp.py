@@ -10,10 +10,13 @@ A rank holds fragments of the packed batch (``KcpContext``). Its rows are cut in
     fut[d, j]  = FP32 g of the token j rows after its last token (zero outside the document)
 
 Forward: ONE exchange brings ``hist`` (x rows of every tensor of the layer, concatenated along
-channels), then the forward kernel runs on the local rows, reading hist where a tap leaves the
-segment. Backward: a head kernel computes g for the rows other fragments need (``fut_rows``), ONE
-exchange brings ``fut``, then the backward kernel runs, reading fut where dx looks past the
-segment's end. The boundary rows thus go through the very arithmetic of the single-rank kernel on
+channels) while the forward kernel computes every local row as if each segment started its
+document; then a small kernel rewrites the first rows of the segments whose document started
+elsewhere, reading hist. Backward: a head kernel computes g for the rows other fragments need
+(``fut_rows``), ONE exchange brings ``fut`` while the backward kernel computes dx (without the
+look-ahead halo) and the partial dweight/dbias, then a small kernel rewrites dx of the last rows of
+the segments whose document goes on elsewhere. (On the reference backend the exchange simply
+completes first.) The boundary rows thus go through the very arithmetic of the single-rank kernel on
 the very same inputs: y and dx are bitwise the single-rank op's on this rank's tokens (same
 backend). dweight/dbias are this rank's partial sums (FP32, fixed order within the rank); the
 training framework reduces them over the data- and context-parallel group like every gradient.
@@ -25,10 +28,17 @@ import torch
 
 from . import checks
 from .kcp_context import KcpContext
-from .kcp_exchange import halo_exchange
+from .kcp_exchange import halo_exchange, start_halo_exchange
 from .ops import _rows
 from .reference import reference_backward, reference_forward
-from .triton_launch import backward_workspace_floats, triton_backward, triton_forward, triton_head_g
+from .triton_launch import (
+    backward_workspace_floats,
+    triton_backward,
+    triton_dx_rows,
+    triton_forward,
+    triton_forward_rows,
+    triton_head_g,
+)
 
 __all__ = [
     "cake_causal_conv1d_det_forward_kcp",
@@ -131,11 +141,15 @@ def _split_channels(buf_NC, widths):
     return out
 
 
+def start_history_exchange(x_rows, ctx):
+    """Start ONE history exchange for all tensors; ``.wait()`` gives the [D*H, sum C_i] buffer."""
+    vals_KC = torch.cat([x.index_select(0, ctx.hist_rows) for x in x_rows], 1)
+    return start_halo_exchange(vals_KC, ctx.hist_exchange_compact, ctx.num_slots, ctx.group)
+
+
 def exchange_history(x_rows, ctx):
     """ONE history exchange for all tensors; returns per tensor hist [D, H, C_i] (x's dtype)."""
-    vals_KC = torch.cat([x.index_select(0, ctx.hist_rows) for x in x_rows], 1)
-    hist_NC = halo_exchange(vals_KC, ctx.hist_exchange_compact, ctx.num_slots, ctx.group)
-    return _split_channels(hist_NC, [x.shape[1] for x in x_rows])
+    return _split_channels(start_history_exchange(x_rows, ctx).wait(), [x.shape[1] for x in x_rows])
 
 
 def cake_causal_conv1d_det_multi_forward_kcp(xs, weights, ctx, biases=None, *, backend="auto", hists=None):
@@ -152,19 +166,30 @@ def cake_causal_conv1d_det_multi_forward_kcp(xs, weights, ctx, biases=None, *, b
     """
     biases = list(biases) if biases is not None else [None] * len(xs)
     x_rows, be = _check_kcp(list(xs), list(weights), biases, ctx, backend)
+    cu = ctx.local_cu_seqlens
+    ys = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
+    y_rows = [y.view(x_SC.shape) for y, x_SC in zip(ys, x_rows)]
+    S = ctx.num_local_tokens
+    if hists is None and be == "triton":
+        # Overlap: the exchange flies while the kernel computes every row as if each segment
+        # started its document; then only the first rows of continuing segments are rewritten.
+        pending = start_history_exchange(x_rows, ctx)
+        for x_SC, w, b, y_SC in zip(x_rows, weights, biases, y_rows):
+            if S > 0:
+                triton_forward(x_SC, w, b, cu, None, y_SC)
+        hists = _split_channels(pending.wait(), [x.shape[1] for x in x_rows])
+        for x_SC, w, b, hist, y_SC in zip(x_rows, weights, biases, hists, y_rows):
+            if S > 0:
+                triton_forward_rows(x_SC, w, b, cu, hist, ctx.fix_fwd_rows, y_SC)
+        return ys, hists
     if hists is None:
         hists = exchange_history(x_rows, ctx)
-    cu = ctx.local_cu_seqlens
-    ys = []
-    for x, x_SC, w, b, hist in zip(xs, x_rows, weights, biases, hists):
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        if x_SC.shape[0] > 0:
-            y_SC = y.view(x_SC.shape)
+    for x_SC, w, b, hist, y_SC in zip(x_rows, weights, biases, hists, y_rows):
+        if S > 0:
             if be == "triton":
                 triton_forward(x_SC, w, b, cu, None, y_SC, hist_NHC=hist)
             else:
                 reference_forward(x_SC, w, b, cu, out_SC=y_SC, hist_NHC=hist)
-        ys.append(y)
     return ys, hists
 
 
@@ -202,12 +227,13 @@ def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None
             _, _, _, g_SC = reference_backward(dy_SC, x_SC, w, b, cu, hist_NHC=hist)
             g_FC = g_SC.index_select(0, fut_rows)
         g_sends.append(g_FC)
-    # 2. ONE future exchange for all tensors.
-    fut_NC = halo_exchange(torch.cat(g_sends, 1), ctx.fut_exchange, ctx.num_slots, ctx.group)
-    futs = _split_channels(fut_NC, [x.shape[1] for x in x_rows])
+    # 2. ONE future exchange for all tensors; on the Triton backend it flies during step 3.
+    pending = start_halo_exchange(torch.cat(g_sends, 1), ctx.fut_exchange, ctx.num_slots, ctx.group)
+    widths = [x.shape[1] for x in x_rows]
+    futs = None if be == "triton" else _split_channels(pending.wait(), widths)
     # 3. dx and the partial dweight/dbias of this rank.
     dxs, dws, dbs = [], [], []
-    for x, x_SC, dy_SC, w, b, hist, fut in zip(xs, x_rows, dy_rows, weights, biases, hists, futs):
+    for i, (x, x_SC, dy_SC, w, b, hist) in enumerate(zip(xs, x_rows, dy_rows, weights, biases, hists)):
         C = x_SC.shape[1]
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dw = torch.zeros((C, 4), dtype=dweight_dtype, device=x.device)
@@ -215,9 +241,11 @@ def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None
         if S > 0:
             dx_SC = dx.view(S, C)
             if be == "triton":
+                # Without the look-ahead halo: the last rows of continued segments are redone below.
                 ws = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=x.device)
-                triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist, fut_NHC=fut)
+                triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist)
             else:
+                fut = futs[i]
                 dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w, b, cu, hist_NHC=hist, fut_NHC=fut)
                 dx_SC.copy_(dx32)
                 dw.copy_(dw32)
@@ -226,6 +254,11 @@ def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None
         dxs.append(dx)
         dws.append(dw)
         dbs.append(db)
+    if be == "triton":
+        futs = _split_channels(pending.wait(), widths)
+        for x_SC, dy_SC, w, b, hist, fut, dx in zip(x_rows, dy_rows, weights, biases, hists, futs, dxs):
+            if S > 0:
+                triton_dx_rows(dy_SC, x_SC, w, b, cu, hist, fut, ctx.fix_bwd_rows, dx.view(x_SC.shape))
     return dxs, dws, dbs
 
 

@@ -59,6 +59,8 @@ class KcpContext:
         hist_exchange, fut_exchange: ExchangeSpec on ``device``.
         hist_rows: int64 [K]: local rows this rank sends in the history exchange (to peers or
             itself); ``hist_exchange_compact`` is ``hist_exchange`` indexing ``x_local[hist_rows]``.
+        fix_fwd_rows, fix_bwd_rows: int64: the local rows whose y (first rows of a continuing
+            segment) or dx (last rows of a continued segment) need the halo (``boundary_rows``).
         plan: the RankPlan on ``device`` (the same tensors as above).
     """
 
@@ -83,6 +85,7 @@ class KcpContext:
         self.hist_exchange = plan.hist_exchange
         self.fut_exchange = plan.fut_exchange
         self.hist_rows, self.hist_exchange_compact = compact_exchange(plan.hist_exchange)
+        self.fix_fwd_rows, self.fix_bwd_rows = boundary_rows(plan)
 
     def __repr__(self) -> str:
         return (
@@ -122,6 +125,25 @@ class KcpContext:
     def exchange_fut(self, g_send_FC: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Future rows ``fut[D*H, C]`` (slot d*H + j = g of token ``stop_token(d) + j``, or zero)."""
         return halo_exchange(g_send_FC, self.fut_exchange, self.num_slots, self.group, out=out)
+
+
+def boundary_rows(plan):
+    """(fwd_rows, bwd_rows) int64: the local rows whose result needs a halo.
+
+    fwd_rows: the first (up to 3) rows of every segment with a history row (its taps reach into
+    another fragment); bwd_rows: the last (up to 3) rows of every segment with a look-ahead row
+    (their dx needs g of another fragment). The KCP ops compute everything else while the exchange
+    is in flight and rewrite only these rows once it has arrived.
+    """
+    cu = plan.local_cu_seqlens.to(torch.int64)
+    start_D, length_D = cu[:-1], cu[1:] - cu[:-1]
+    j_H = torch.arange(HALO_ROWS, device=cu.device, dtype=torch.int64)
+    inside_DH = j_H[None, :] < length_D[:, None]
+    has_hist_D = (plan.hist_src[:, :, 0] >= 0).any(1)
+    has_fut_D = (plan.fut_src[:, :, 0] >= 0).any(1)
+    fwd = (start_D[:, None] + j_H[None, :])[inside_DH & has_hist_D[:, None]]
+    bwd = (start_D[:, None] + length_D[:, None] - 1 - j_H.flip(0)[None, :])[inside_DH.flip(1) & has_fut_D[:, None]]
+    return torch.sort(fwd).values, torch.sort(bwd).values
 
 
 def compact_exchange(spec):

@@ -46,14 +46,14 @@ LOG2_GROUP_BLOCK = 6
 @triton.jit
 def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, C, n_seg,
                seq_len, d_lo, d_hi, n_iter,
-               HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr, MASKED: tl.constexpr):
+               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr):
     """g = dy * silu'(pre) for rows t; also (d, start, end) of their segments when MASKED."""
     if MASKED:
         d, start, end = segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU)
         pos = t - start
-        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
-        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
-        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
     else:
         d = t * 0
         start = t * 0
@@ -65,24 +65,36 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
 
 
 @triton.jit
-def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc1, acc2, acc3, accb,
-             w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-             HAS_HALO: tl.constexpr, MASKED: tl.constexpr):
-    """dx of rows t from g[t..t+3]; adds row t's terms to the dweight/dbias accumulators."""
+def dx_rows(dx_ptr, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+            HAS_FUT: tl.constexpr, MASKED: tl.constexpr):
+    """dx[t] = w3 g[t] + w2 g[t+1] + w1 g[t+2] + w0 g[t+3] (FMAs in this order), stored.
+
+    Where t + k leaves the segment, g[t + k] is zero, or the look-ahead halo ``fut[d, k-1-q]``.
+    """
     if MASKED:
         q = end - 1 - t  # rows after t inside its segment
-        g1 = halo_tap(g1, q >= 1, 0 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_HALO)
-        g2 = halo_tap(g2, q >= 2, 1 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_HALO)
-        g3 = halo_tap(g3, q >= 3, 2 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_HALO)
-        pos = t - start
-        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
-        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
-        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HALO)
+        g1 = halo_tap(g1, q >= 1, 0 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
+        g2 = halo_tap(g2, q >= 2, 1 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
+        g3 = halo_tap(g3, q >= 3, 2 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
     dx = w3 * g0
     dx = tl.fma(w2, g1, dx)
     dx = tl.fma(w1, g2, dx)
     dx = tl.fma(w0, g3, dx)
     store_rows(dx_ptr, t, dx, sdx, cols, cmask, S, MASKED)
+
+
+@triton.jit
+def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc1, acc2, acc3, accb,
+             w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+             HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr):
+    """dx of rows t from g[t..t+3]; adds row t's terms to the dweight/dbias accumulators."""
+    dx_rows(dx_ptr, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+            HAS_FUT, MASKED)
+    if MASKED:
+        pos = t - start
+        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
     acc0 = tl.fma(g0, a3, acc0)
     acc1 = tl.fma(g0, a2, acc1)
     acc2 = tl.fma(g0, a1, acc2)
@@ -94,7 +106,7 @@ def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc
 @triton.jit
 def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
              n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3,
-             HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr, MASKED: tl.constexpr,
+             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf)."""
     n_iter = search_iters(d_hi - d_lo)
@@ -109,13 +121,13 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
     dy2 = load_rows(dy_ptr, rows0 + 2, sdy, cols, cmask, S, MASKED)
     g0, d0, s0, e0 = bwd_g_rows(xm3, xm2, xm1, x0, dy0, rows0, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                 cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                HAS_CU, HAS_HALO, MASKED)
+                                HAS_CU, HAS_HIST, MASKED)
     g1, d1, s1, e1 = bwd_g_rows(xm2, xm1, x0, x1, dy1, rows0 + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                 cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                HAS_CU, HAS_HALO, MASKED)
+                                HAS_CU, HAS_HIST, MASKED)
     g2, d2, s2, e2 = bwd_g_rows(xm1, x0, x1, x2, dy2, rows0 + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                 cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                HAS_CU, HAS_HALO, MASKED)
+                                HAS_CU, HAS_HIST, MASKED)
     acc0 = tl.zeros([R, BC], dtype=tl.float32)
     acc1 = tl.zeros([R, BC], dtype=tl.float32)
     acc2 = tl.zeros([R, BC], dtype=tl.float32)
@@ -133,28 +145,28 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
         dy6 = load_rows(dy_ptr, t + 6, sdy, cols, cmask, S, MASKED)
         g3, d3, s3, e3 = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                     cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HALO, MASKED)
+                                    HAS_CU, HAS_HIST, MASKED)
         acc0, acc1, acc2, acc3, accb = _bwd_row(
             dx_ptr, t, g0, g1, g2, g3, xm3, xm2, xm1, x0, d0, s0, e0, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
         g4, d4, s4, e4 = bwd_g_rows(x1, x2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                     cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HALO, MASKED)
+                                    HAS_CU, HAS_HIST, MASKED)
         acc0, acc1, acc2, acc3, accb = _bwd_row(
             dx_ptr, t + 1, g1, g2, g3, g4, xm2, xm1, x0, x1, d1, s1, e1, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
         g5, d5, s5, e5 = bwd_g_rows(x2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                     cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HALO, MASKED)
+                                    HAS_CU, HAS_HIST, MASKED)
         acc0, acc1, acc2, acc3, accb = _bwd_row(
             dx_ptr, t + 2, g2, g3, g4, g5, xm1, x0, x1, x2, d2, s2, e2, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
         g6, d6, s6, e6 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                     cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HALO, MASKED)
+                                    HAS_CU, HAS_HIST, MASKED)
         acc0, acc1, acc2, acc3, accb = _bwd_row(
             dx_ptr, t + 3, g3, g4, g5, g6, x0, x1, x2, x3, d3, s3, e3, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HALO, MASKED)
+            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
         xm3 = x1
         xm2 = x2
         xm1 = x3
@@ -179,13 +191,15 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
 @triton.jit
 def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
                          S, C8, sx8, sdy8, sdx8, n_seg, seq_len,
-                         HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
                          R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB), cdiv(C, BC)). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
-    level-LOGR node of the pairwise leaf tree. ``hist`` [N, 3, C] and ``fut`` [N, 3, C] FP32
-    (HAS_HALO, KCP) hold the x rows before and the g rows after each segment.
+    level-LOGR node of the pairwise leaf tree. ``hist`` [N, 3, C] (HAS_HIST) and ``fut`` [N, 3, C]
+    FP32 (HAS_FUT) hold the x rows before and the g rows after each segment (KCP). Without HAS_FUT
+    the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
+    cake_conv_bwd_dx_rows_kernel once fut has arrived (the exchange overlaps this kernel).
     """
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -213,11 +227,11 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU) - 1
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HALO, True, SUB, R, BC)
+            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC)
     else:
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HALO, False, SUB, R, BC)
+            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)
@@ -325,3 +339,57 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
                                   C, n_seg, S, 0, n_seg - 1, n_iter, True, True, True)
     offs = i.to(tl.int64)[:, None] * C + cols[None, :]
     tl.store(g_ptr + offs, g, mask=imask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, rows_ptr,
+                                 n_rows, S, C8, sx8, sdy8, sdx8, n_seg,
+                                 HAS_BIAS: tl.constexpr, RB: tl.constexpr, BC: tl.constexpr):
+    """dx of the listed local rows t = rows[i] with the look-ahead halo ``fut`` (KCP).
+
+    The last rows of each segment whose document goes on elsewhere: g[t..t+3] recomputed with the
+    main kernel's helpers (same bits), rows past the segment taken from fut, and the same FMA
+    sequence for dx. Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
+    """
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    C = C8 * 8
+    sx = sx8.to(tl.int64) * 8
+    sdy = sdy8.to(tl.int64) * 8
+    sdx = sdx8.to(tl.int64) * 8
+    cols = pid_c * BC + tl.arange(0, BC)
+    cmask = cols < C
+    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        b = tl.zeros([1, BC], dtype=tl.float32)
+    i = pid_r * RB + tl.arange(0, RB)
+    imask = i < n_rows
+    t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)  # padding rows read as row S
+    xm3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
+    xm2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
+    xm1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
+    x0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
+    x1 = load_rows(x_ptr, t + 1, sx, cols, cmask, S, True)
+    x2 = load_rows(x_ptr, t + 2, sx, cols, cmask, S, True)
+    x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, True)
+    dy0 = load_rows(dy_ptr, t, sdy, cols, cmask, S, True)
+    dy1 = load_rows(dy_ptr, t + 1, sdy, cols, cmask, S, True)
+    dy2 = load_rows(dy_ptr, t + 2, sdy, cols, cmask, S, True)
+    dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, True)
+    n_iter = search_iters(n_seg - 1)
+    d_hi = n_seg - 1
+    g0, d0, s0, e0 = bwd_g_rows(xm3, xm2, xm1, x0, dy0, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+    g1, d1, s1, e1 = bwd_g_rows(xm2, xm1, x0, x1, dy1, t + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+    g2, d2, s2, e2 = bwd_g_rows(xm1, x0, x1, x2, dy2, t + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+    g3, d3, s3, e3 = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+    dx_rows(dx_ptr, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+            True, True)

@@ -152,3 +152,39 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
         # No boundary in (p0 - 3, p_last]: every tap is inside, every row inside [0, S).
         _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
                  n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, SUB, PREFETCH)
+
+
+@triton.jit
+def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows_ptr,
+                              n_rows, S, C8, sx8, sy8, n_seg,
+                              HAS_BIAS: tl.constexpr, RB: tl.constexpr, BC: tl.constexpr):
+    """y of the listed local rows t = rows[i], reading the history halo ``hist`` (KCP).
+
+    The first rows of each segment whose document started elsewhere: the main kernel, launched
+    while the exchange was in flight, wrote them as if the document started there; this rewrites
+    them with the same helpers and FMA sequence (same bits as a single-rank run).
+    Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
+    """
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    C = C8 * 8
+    sx = sx8.to(tl.int64) * 8
+    sy = sy8.to(tl.int64) * 8
+    cols = pid_c * BC + tl.arange(0, BC)
+    cmask = cols < C
+    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        b = tl.zeros([1, BC], dtype=tl.float32)
+    i = pid_r * RB + tl.arange(0, RB)
+    t = tl.load(rows_ptr + i, mask=i < n_rows, other=S).to(tl.int32)  # padding rows read as row S
+    a3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
+    a2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
+    a1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
+    a0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
+    _fwd_row(y_ptr, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
+             n_seg, S, 0, n_seg - 1, search_iters(n_seg - 1), True, True, True)

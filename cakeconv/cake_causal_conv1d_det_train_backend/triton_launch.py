@@ -17,11 +17,12 @@ from .triton_backward import (
     LOG2_TREE_LEAVES,
     TREE_LEAVES,
     cake_conv_bwd_finalize_kernel,
+    cake_conv_bwd_dx_rows_kernel,
     cake_conv_bwd_group_kernel,
     cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
 )
-from .triton_forward import cake_conv_fwd_kernel
+from .triton_forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
 
 _GROUP_BLK = 64
 _FINAL_BLK = 32
@@ -76,11 +77,13 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
                     hist_NHC=None, fut_NHC=None, config=None):
     """Launch the three backward kernels; writes dx_SC, dw_CW and (if given) db_C.
 
-    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements.
+    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
+    (and fut_NHC, or None while the look-ahead halo is still in flight: triton_dx_rows then
+    rewrites the affected rows).
     """
     S, C = x_SC.shape
     cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), interpreting())
-    assert (hist_NHC is None) == (fut_NHC is None)
+    assert fut_NHC is None or hist_NHC is not None
     cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
     R = cfg.R
     logr = R.bit_length() - 1
@@ -96,8 +99,8 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
         cu if cu is not None else dummy,
         hist_NHC if hist_NHC is not None else dummy, fut_NHC if fut_NHC is not None else dummy,
         ws_nodes, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, n_seg, T,
-        HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HALO=hist_NHC is not None,
-        R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, num_warps=cfg.num_warps, **_NO_FUSION,
+        HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
+        HAS_FUT=fut_NHC is not None, R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, num_warps=cfg.num_warps, **_NO_FUSION,
     )
     M = TREE_LEAVES // R
     blk = 16 if interpreting() else _GROUP_BLK
@@ -127,3 +130,37 @@ def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
         HAS_BIAS=b_C is not None, RB=rb, BC=bc, num_warps=nw, **_NO_FUSION,
     )
     return g_FC
+
+
+def _rows_launch_shape():
+    return (4, 16, 1) if interpreting() else (8, 128, 4)
+
+
+def triton_forward_rows(x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, y_SC):
+    """KCP: rewrite y of local rows rows_F (segment starts) with the history halo hist_NHC."""
+    S, C = x_SC.shape
+    n = rows_F.numel()
+    if n == 0:
+        return y_SC
+    rb, bc, nw = _rows_launch_shape()
+    cake_conv_fwd_rows_kernel[(tuning.cdiv(n, rb), tuning.cdiv(C, bc))](
+        x_SC, y_SC, w_CW, b_C if b_C is not None else w_CW, cu_seqlens, hist_NHC, rows_F,
+        n, S, C // 8, x_SC.stride(0) // 8, y_SC.stride(0) // 8, cu_seqlens.numel() - 1,
+        HAS_BIAS=b_C is not None, RB=rb, BC=bc, num_warps=nw, **_NO_FUSION,
+    )
+    return y_SC
+
+
+def triton_dx_rows(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, fut_NHC, rows_F, dx_SC):
+    """KCP: rewrite dx of local rows rows_F (segment ends) with the look-ahead halo fut_NHC."""
+    S, C = x_SC.shape
+    n = rows_F.numel()
+    if n == 0:
+        return dx_SC
+    rb, bc, nw = _rows_launch_shape()
+    cake_conv_bwd_dx_rows_kernel[(tuning.cdiv(n, rb), tuning.cdiv(C, bc))](
+        x_SC, dy_SC, dx_SC, w_CW, b_C if b_C is not None else w_CW, cu_seqlens, hist_NHC, fut_NHC, rows_F,
+        n, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, cu_seqlens.numel() - 1,
+        HAS_BIAS=b_C is not None, RB=rb, BC=bc, num_warps=nw, **_NO_FUSION,
+    )
+    return dx_SC
