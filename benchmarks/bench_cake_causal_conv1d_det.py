@@ -53,6 +53,7 @@ optional provider "ours_ag" times the autograd op cakeconv.cake_causal_conv1d_de
 
 from __future__ import annotations
 
+import abc
 import argparse
 import csv
 import datetime
@@ -333,7 +334,7 @@ def rel_err(torch, got, ref, chunk: int = 1 << 24) -> float:
 # --------------------------------------------------------------------------------------------------------------
 
 
-class Provider:
+class Provider(abc.ABC):
     name = "?"
     is_peer = False
 
@@ -349,12 +350,13 @@ class Provider:
     def release_shape(self):
         pass
 
+    @abc.abstractmethod
     def callable_for(self, pass_: str, sh: ShapeData, use_bias: bool):
-        raise NotImplementedError
+        """fn(i) running one timed call of pass_ on input set i."""
 
+    @abc.abstractmethod
     def outputs(self, sh: ShapeData, use_bias: bool):
         """(y, dx [S, C], dw [C, 4], db [C] or None) on set 0, for the correctness check."""
-        raise NotImplementedError
 
 
 class OursProvider(Provider):
@@ -402,8 +404,9 @@ class AutogradProvider(Provider):
     def from_layout(self, t, sh):  # back to [S, C]
         return t
 
+    @abc.abstractmethod
     def op(self, x, w, b, sh):
-        raise NotImplementedError
+        """The peer's autograd op on x in its layout."""
 
     def prepare_bias(self, sh, use_bias, need_bwd_graph):
         torch = self.torch

@@ -4,6 +4,7 @@ Public modules:
 
 - ``cakeconv.cake_causal_conv1d_det_train``      single rank (GPU via Triton, CPU via PyTorch)
 - ``cakeconv.cake_causal_conv1d_det_train_kcp``  context parallel (halo exchange across ranks)
+- ``cakeconv.short_conv``                        ``CakeShortConv``, the nn.Module (single rank or KCP)
 - ``cakeconv.oracle``                            float64 oracle (tests, demo, benchmarks)
 
 Every public name of those modules is re-exported here.
@@ -27,6 +28,8 @@ from .cake_causal_conv1d_det_train_kcp import (
     cake_causal_conv1d_det_multi_kcp,
 )
 
+from .short_conv import CakeShortConv
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -42,4 +45,5 @@ __all__ = [
     "cake_causal_conv1d_det_kcp",
     "cake_causal_conv1d_det_multi_kcp",
     "RecomputeHandleDetKcp",
+    "CakeShortConv",
 ]

@@ -86,16 +86,20 @@ def _compute_dtype(x_SC):
     return torch.float64 if x_SC.dtype == torch.float64 else torch.float32
 
 
-def reference_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len=None, out_SC=None, hist_NHC=None):
-    """y[S, C] in x's dtype (see the module docstring for the arithmetic)."""
-    S, C = x_SC.shape
+def _prologue(x_SC, w_CW, b_C, cu_seqlens, seq_len, hist_NHC):
+    """(x, w in the compute dtype, d(t), pos(t), the three history taps, pre) of every row."""
     ct = _compute_dtype(x_SC)
     x32 = x_SC.to(ct)
     w32 = w_CW.to(ct)
     b32 = None if b_C is None else b_C.to(ct)
-    d_S, pos_S = row_positions(S, cu_seqlens, seq_len, x_SC.device)
+    d_S, pos_S = row_positions(x_SC.shape[0], cu_seqlens, seq_len, x_SC.device)
     taps = _shifted_taps(x32, d_S, pos_S, hist_NHC)
-    pre = _pre(x32, w32, b32, taps)
+    return x32, w32, d_S, pos_S, taps, _pre(x32, w32, b32, taps)
+
+
+def reference_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len=None, out_SC=None, hist_NHC=None):
+    """y[S, C] in x's dtype (see the module docstring for the arithmetic)."""
+    x32, w32, d_S, pos_S, taps, pre = _prologue(x_SC, w_CW, b_C, cu_seqlens, seq_len, hist_NHC)
     y = (pre * _sigmoid(pre)).to(x_SC.dtype)
     if out_SC is None:
         return y
@@ -105,16 +109,10 @@ def reference_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len=None, out_SC=None, hi
 
 def reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len=None, hist_NHC=None, fut_NHC=None):
     """(dx[S, C] FP32, dw[C, 4] FP32, db[C] FP32, g[S, C] FP32)."""
+    x32, w32, d_S, pos_S, taps, pre = _prologue(x_SC, w_CW, b_C, cu_seqlens, seq_len, hist_NHC)
     S, C = x_SC.shape
-    ct = _compute_dtype(x_SC)
-    x32 = x_SC.to(ct)
-    w32 = w_CW.to(ct)
-    b32 = None if b_C is None else b_C.to(ct)
-    d_S, pos_S = row_positions(S, cu_seqlens, seq_len, x_SC.device)
-    taps = _shifted_taps(x32, d_S, pos_S, hist_NHC)
-    pre = _pre(x32, w32, b32, taps)
     s = _sigmoid(pre)
-    g = dy_SC.to(ct) * (s * (1.0 + pre * (1.0 - s)))
+    g = dy_SC.to(x32.dtype) * (s * (1.0 + pre * (1.0 - s)))
     # dx: g of rows t+1..t+3 of the same segment, else the halo (or zero).
     if cu_seqlens is None:
         T = seq_len if seq_len else max(S, 1)

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .triton_common import (
     conv_pre,
+    load_taps,
     count_bounds_le,
     window_has_boundary,
     halo_tap,
@@ -209,14 +210,7 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     sdx = sdx8.to(tl.int64) * 8
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
-    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    else:
-        b = tl.zeros([1, BC], dtype=tl.float32)
+    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
     p0 = pid_s * (R * SUB)
     p_last = p0 + R * SUB - 1
     rows0 = p0 + tl.arange(0, R) * SUB
@@ -318,14 +312,7 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     sdy = sdy8.to(tl.int64) * 8
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
-    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    else:
-        b = tl.zeros([1, BC], dtype=tl.float32)
+    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
     i = pid_r * RB + tl.arange(0, RB)
     imask = i < n_rows
     t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)  # padding rows read as row S
@@ -359,14 +346,7 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     sdx = sdx8.to(tl.int64) * 8
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
-    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    else:
-        b = tl.zeros([1, BC], dtype=tl.float32)
+    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
     i = pid_r * RB + tl.arange(0, RB)
     imask = i < n_rows
     t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)  # padding rows read as row S

@@ -128,6 +128,20 @@ def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.cons
 
 
 @triton.jit
+def load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS: tl.constexpr, BC: tl.constexpr):
+    """(b, w0, w1, w2, w3): FP32 [1, BC] rows of the bias (zero without one) and the four taps."""
+    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    else:
+        b = tl.zeros([1, BC], dtype=tl.float32)
+    return b, w0, w1, w2, w3
+
+
+@triton.jit
 def conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0):
     """pre = b + w0 * x[t-3] + w1 * x[t-2] + w2 * x[t-1] + w3 * x[t], as four FMAs in this order."""
     p = tl.fma(w0, a3, b)
