@@ -10,7 +10,6 @@ Test tiers (cheapest first; see README "Testing"):
 Shape legend: S packed tokens, C channels, N documents.
 """
 
-import os
 
 import pytest
 import torch

@@ -11,6 +11,7 @@ Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_tra
 - ``tuning.py``          launch configurations (never change bits)
 - ``checks.py``          input validation
 - ``ops.py``             forward/backward entry points with caller-provided buffers
+- ``custom_ops.py``      the torch.library custom ops (fake impls, autograd) for torch.compile
 - ``function.py``        ``CakeCausalConv1dDetFunction`` and ``cake_causal_conv1d_det``
 - ``kcp_plan.py``        KCP layouts, fragment tables and per-rank halo plans (host)
 - ``kcp_exchange.py``    the halo exchange (point-to-point, gloo and NCCL)
@@ -18,7 +19,7 @@ Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_tra
 - ``kcp.py``             KCP programs, Functions and the recompute handle
 """
 
-from . import kcp
+from . import kcp  # noqa: F401  (the .kcp submodule of SPEC section 3)
 from .function import CakeCausalConv1dDetFunction, cake_causal_conv1d_det
 from .ops import (
     cake_causal_conv1d_det_train_backward,

@@ -1,4 +1,8 @@
-"""The autograd Function behind ``cake_causal_conv1d_det`` (single rank).
+"""``cake_causal_conv1d_det`` and its autograd Function (single rank).
+
+``cake_causal_conv1d_det`` calls the torch custom op ``cakeconv::cake_causal_conv1d_det_forward``
+(custom_ops.py), whose registered autograd formula is ``CakeCausalConv1dDetFunction``'s
+``setup_context`` / ``backward``; ``torch.compile(fullgraph=True)`` thus traces it without a break.
 
 Shape legend: S packed tokens, C channels, W = 4 taps, N documents, B batch rows, T row length.
 """
@@ -7,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
+from . import checks, custom_ops
 
 
 class CakeCausalConv1dDetFunction(torch.autograd.Function):
@@ -29,24 +33,29 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
         g[t]  = dy[t] * silu'(pre[t])
         dx[t] = sum_k w[:, k] * g[t + 3 - k]              (g of the same document only)
         dw    = sum_t g[t] * x[t - 3 + k],  db = sum_t g[t]   (FP32, one fixed order)
-    dweight and dbias are returned in the weight's and the bias's dtype.
+    dweight and dbias are returned in the weight's and the bias's dtype, each rounded once from FP32.
+
+    Autograd: ``setup_context`` and ``backward`` are the formula registered (torch.library) on the
+    custom op ``torch.ops.cakeconv.cake_causal_conv1d_det_forward`` that ``cake_causal_conv1d_det``
+    calls (custom_ops.py); forward and backward call that op and its backward op. The Function and
+    the op therefore run the same code: ``CakeCausalConv1dDetFunction.apply(x, weight, bias,
+    cu_seqlens, backend)`` gives bitwise the y and gradients of ``cake_causal_conv1d_det``.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, cu_seqlens, backend):
-        y = cake_causal_conv1d_det_train_forward(x, weight, bias, cu_seqlens, backend=backend)
-        ctx.save_for_backward(x, weight, bias, cu_seqlens)
-        ctx.backend = backend
-        return y
+    def forward(x, weight, bias, cu_seqlens, backend):
+        return custom_ops.forward_op(x, weight, bias, cu_seqlens, backend)
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, bias, cu_seqlens = ctx.saved_tensors
-        dx, dw, db = cake_causal_conv1d_det_train_backward(
-            dy, x, weight, bias, cu_seqlens, dweight_dtype=weight.dtype, backend=ctx.backend)
-        if db is not None and db.dtype != bias.dtype:
-            db = db.to(bias.dtype)
-        return dx, dw, db, None, None
+    setup_context = staticmethod(custom_ops.setup_context)
+    backward = staticmethod(custom_ops.backward)
+
+
+def _schema_types_ok(x, weight, bias, cu_seqlens, backend) -> bool:
+    """True when the operands fit the custom op's schema (tensors, None where optional, a str)."""
+    return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))
+            and (cu_seqlens is None or isinstance(cu_seqlens, torch.Tensor))
+            and isinstance(backend, str))
 
 
 def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, backend="auto"):
@@ -68,6 +77,18 @@ def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, backend="au
 
     Returns:
         y with x's shape and dtype. y, dx, dweight and dbias are bitwise identical on every call
-        with the same inputs, device and library version.
+        with the same inputs, device and library version, in eager and under torch.compile (the
+        op is the custom op ``torch.ops.cakeconv.cake_causal_conv1d_det_forward``, opaque to the
+        compiler).
+
+    Raises:
+        TypeError, ValueError: bad operands (the message names the offending value), before any
+            kernel launch; under torch.compile when the compiled graph runs.
     """
-    return CakeCausalConv1dDetFunction.apply(x, weight, bias, cu_seqlens, backend)
+    if not _schema_types_ok(x, weight, bias, cu_seqlens, backend):
+        # Not something the op's schema takes: raise the validation error that names it.
+        checks.check_problem(x, weight, bias, cu_seqlens, backend)
+        raise TypeError(f"cake_causal_conv1d_det got operands of types {type(x).__name__}, "
+                        f"{type(weight).__name__}, {type(bias).__name__}, {type(cu_seqlens).__name__}, "
+                        f"{type(backend).__name__}")
+    return custom_ops.forward_op(x, weight, bias, cu_seqlens, backend)

@@ -28,7 +28,7 @@ import torch
 
 from . import checks
 from .kcp_context import KcpContext
-from .kcp_exchange import halo_exchange, start_halo_exchange
+from .kcp_exchange import start_halo_exchange
 from .ops import _rows
 from .reference import reference_backward, reference_forward
 from .triton_launch import (

@@ -57,8 +57,7 @@ def _check(cu_list, C, seed, layout=None, fragments=None):
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "zigzag_per_document"])
 def test_nccl_one_rank_layouts(nccl_group, layout):
-    rng = random.Random(7)
-    cu = [0, 2, 4, 4, 40000, 40002, 65536] if layout != "zigzag_per_document" else [0, 2, 4, 4, 40000, 40002, 65536]
+    cu = [0, 2, 4, 4, 40000, 40002, 65536]  # every document length even: valid for all layouts at P = 1
     ctx = _check(cu, 512, 1, layout=layout)
     assert ctx.world_size == 1
     if layout == "zigzag":

@@ -1,0 +1,264 @@
+"""RecomputeHandleDetKcp under torch.utils.checkpoint, over gloo (tier 3); checks on EVERY rank.
+
+For the single form (``cake_causal_conv1d_det_kcp``, handle key "conv") and the multi form
+(``cake_causal_conv1d_det_multi_kcp``, key "conv_multi"), on a zigzag layout and on an explicit
+table of 1- and 2-token fragments (multi-hop halos), each rank runs the conv
+
+    plain (no checkpoint)                                   exchanges: forward 1, backward 1
+    checkpoint(use_reentrant=True / False), no handle       exchanges: forward 1, backward 2
+    checkpoint(use_reentrant=True / False), with a handle   exchanges: forward 1, backward 1
+    nested checkpoints (handle made outside both)           exchanges: forward 1, backward 1 with a
+                                                            handle, else 3 (reentrant) / 2 (not)
+
+and asserts those counts, and that y and every gradient are bitwise the plain run's. Exchanges are
+counted by wrapping ``start_halo_exchange`` (every rank calls it once per exchange, peers or not);
+the collectives issued (``torch.distributed.batch_isend_irecv``, which a rank without peers never
+calls) are counted too and must add up the same way (with a handle the backward issues exactly the
+plain backward's collectives; without, the plain forward's and backward's).
+
+The handle's rules: after the forward it holds exactly its key; a second forward outside a backward
+with the filled handle raises RuntimeError (on every rank, before any exchange, so nobody hangs);
+``clear()`` makes it reusable.
+
+Shape legend: T global tokens, S local rows, C channels, P ranks.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
+
+import cakeconv.cake_causal_conv1d_det_train_backend.kcp as kcp_mod
+import cakeconv.cake_causal_conv1d_det_train_backend.kcp_exchange as kcp_exchange
+from cakeconv import RecomputeHandleDetKcp, build_kcp_context, cake_causal_conv1d_det_kcp, cake_causal_conv1d_det_multi_kcp
+
+from ._dist import run_on_ranks
+from .test_kcp_plan import random_cu_seqlens
+
+BACKEND = "reference"
+CS = (8, 16)  # channels of the multi form's two tensors (the single form uses CS[0])
+
+
+# --------------------------------------------------------------------------------- counting
+
+COUNTS = {"exchange": 0, "collective": 0}
+
+
+def _install_counters():
+    """Count exchanges and collectives in this rank process (idempotent).
+
+    Every exchange goes through ``kcp_exchange.start_halo_exchange`` (``halo_exchange`` calls it);
+    kcp.py may call either name, imported into its own namespace, so both of its names are wrapped
+    too, each counting once per exchange (the real ``halo_exchange`` reaches the counted
+    ``kcp_exchange.start_halo_exchange`` and is therefore wrapped without a count of its own).
+    """
+    if getattr(kcp_exchange.start_halo_exchange, "_counted", False):
+        return
+    real_start = kcp_exchange.start_halo_exchange
+    real_batch = dist.batch_isend_irecv
+
+    def start(*args, **kwargs):
+        COUNTS["exchange"] += 1
+        return real_start(*args, **kwargs)
+
+    def batch(*args, **kwargs):
+        COUNTS["collective"] += 1
+        return real_batch(*args, **kwargs)
+
+    start._counted = True
+    kcp_exchange.start_halo_exchange = start
+    if hasattr(kcp_mod, "start_halo_exchange"):
+        kcp_mod.start_halo_exchange = start
+    dist.batch_isend_irecv = batch
+
+
+def _take():
+    """The counts since the last call, then reset."""
+    out = dict(COUNTS)
+    COUNTS["exchange"] = COUNTS["collective"] = 0
+    return out
+
+
+# ----------------------------------------------------------------------------------- inputs
+
+def _fragments(rng, T, P):
+    """Spans of 1 or 2 tokens dealt to random ranks (every rank gets at least one), local order shuffled."""
+    spans, pos = [], 0
+    while pos < T:
+        n = rng.choice([1, 1, 2])
+        spans.append((pos, min(T, pos + n)))
+        pos += n
+    assert len(spans) >= P
+    owners = list(range(P)) + [rng.randrange(P) for _ in range(len(spans) - P)]
+    rng.shuffle(owners)
+    frags = [[] for _ in range(P)]
+    for span, r in zip(spans, owners):
+        frags[r].append(span)
+    for f in frags:
+        rng.shuffle(f)
+    return frags
+
+
+def _contexts(rank, world, seed):
+    rng = random.Random(seed)
+    T = 6 * 2 * world
+    cu_zz = sorted(set(min(c, T) for c in random_cu_seqlens(rng, 8, 9)) | {T})
+    cu_fr = random_cu_seqlens(rng, 8, 7)
+    cu_fr = cu_fr + [cu_fr[-1] + 5]  # a last document long enough to span fragments of several ranks
+    return [
+        ("zigzag", build_kcp_context(torch.tensor(cu_zz, dtype=torch.int32), layout="zigzag")),
+        ("fragments", build_kcp_context(torch.tensor(cu_fr, dtype=torch.int32), fragments=_fragments(rng, cu_fr[-1], world))),
+    ]
+
+
+def _inputs(ctx, seed):
+    """Per tensor i: global x, dy (bf16) and taps/bias (FP32), same on every rank; local shards."""
+    g = torch.Generator().manual_seed(seed)
+    T = ctx.total_tokens
+    out = []
+    for C in CS:
+        x = torch.randn(T, C, generator=g).to(torch.bfloat16)
+        dy = torch.randn(T, C, generator=g).to(torch.bfloat16)
+        w = torch.randn(C, 4, generator=g) * 0.5
+        b = torch.randn(C, generator=g) * 0.5
+        out.append((ctx.shard(x), ctx.shard(dy), w, b))
+    return out
+
+
+# ------------------------------------------------------------------------------------- runs
+
+def _conv(form, ctx, handle):
+    """The checkpointed function: args are (x_0, w_0, b_0, x_1, w_1, b_1), outputs a tuple of y."""
+    if form == "single":
+        def f(x, w, b, *_unused):
+            return (cake_causal_conv1d_det_kcp(x, w, ctx, bias=b, recompute_handle=handle, backend=BACKEND),)
+    else:
+        def f(x0, w0, b0, x1, w1, b1):
+            return tuple(cake_causal_conv1d_det_multi_kcp([x0, x1], [w0, w1], ctx, biases=[b0, b1],
+                                                          recompute_handle=handle, backend=BACKEND))
+    return f
+
+
+def _wrap(f, mode):
+    """mode: None (plain), True / False (checkpoint use_reentrant), ("nested", r) (checkpoint in checkpoint)."""
+    if mode is None:
+        return f
+    if isinstance(mode, tuple):
+        reentrant = mode[1]
+
+        def outer(*args):
+            ys = checkpoint(f, *args, use_reentrant=reentrant)
+            return tuple(y * 2 for y in ys)  # exact, so the bits stay comparable
+
+        return lambda *args: checkpoint(outer, *args, use_reentrant=reentrant)
+    return lambda *args: checkpoint(f, *args, use_reentrant=mode)
+
+
+def _run(form, ctx, data, mode, handle):
+    """Forward + backward; returns (outputs and grads, forward counts, backward counts)."""
+    leaves = []
+    for x, _, w, b in data:
+        leaves += [x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)]
+    fn = _wrap(_conv(form, ctx, handle), mode)
+    _take()
+    ys = fn(*leaves)
+    fwd = _take()
+    if form == "single":
+        ys, dys, used = ys[:1], [data[0][1]], leaves[:3]
+    else:
+        dys, used = [d[1] for d in data], leaves
+    if isinstance(mode, tuple):
+        ys = [y / 2 for y in ys]  # undoes the outer y * 2 exactly: y and dy as in the plain run
+    torch.autograd.backward(list(ys), dys)
+    bwd = _take()
+    outs = [y.detach() for y in ys] + [t.grad for t in used]
+    assert all(t is not None for t in outs)
+    return outs, fwd, bwd
+
+
+def _case(rank, world, name, ctx, form, seed):
+    key = "conv" if form == "single" else "conv_multi"
+    where = f"rank {rank}/{world} {name} {form}"
+    data = _inputs(ctx, seed)
+    plain, fwd0, bwd0 = _run(form, ctx, data, None, None)
+    assert fwd0["exchange"] == 1 and bwd0["exchange"] == 1, (where, fwd0, bwd0)
+    for mode in (True, False, ("nested", True), ("nested", False)):
+        for use_handle in (False, True):
+            what = f"{where} checkpoint={mode} handle={use_handle}"
+            handle = RecomputeHandleDetKcp() if use_handle else None
+            outs, fwd, bwd = _run(form, ctx, data, mode, handle)
+            assert fwd == fwd0, (what, "forward counts", fwd, fwd0)
+            if use_handle:
+                assert set(handle.entries) == {key}, (what, handle)
+                hists = handle.entries[key]
+                assert [tuple(h.shape) for h in hists] == [(ctx.num_segments, 3, C) for C in (CS[:1] if form == "single" else CS)], what
+                # the recompute exchanged nothing: only the backward's own (future) exchange
+                assert bwd == bwd0, (what, "backward counts", bwd, bwd0)
+            else:
+                # the recompute's forward exchange(s) + the backward's exchange; a reentrant
+                # checkpoint in a reentrant checkpoint recomputes the conv twice (outer and inner)
+                recomputes = 2 if mode == ("nested", True) else 1
+                assert bwd["exchange"] == recomputes + 1, (what, bwd)
+                assert bwd["collective"] == recomputes * fwd0["collective"] + bwd0["collective"], (what, bwd, fwd0, bwd0)
+            for i, (a, b) in enumerate(zip(outs, plain)):
+                assert a.dtype == b.dtype and torch.equal(a, b), (what, f"output/grad {i} differs from the plain run")
+    return True
+
+
+def _handle_rules(rank, world, name, ctx, form, seed):
+    """A filled handle raises on a second forward outside a backward; clear() makes it reusable."""
+    key = "conv" if form == "single" else "conv_multi"
+    data = _inputs(ctx, seed)
+    handle = RecomputeHandleDetKcp()
+    plain, _, _ = _run(form, ctx, data, None, None)
+    leaves = []
+    for x, _, w, b in data:
+        leaves += [x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)]
+    fn = _conv(form, ctx, handle)
+    _take()
+    ys = checkpoint(fn, *leaves, use_reentrant=False)
+    assert _take()["exchange"] == 1 and set(handle.entries) == {key}
+    # every rank passes the filled handle: every rank raises, before any exchange
+    with pytest.raises(RuntimeError, match=key):
+        fn(*[t.detach() for t in leaves])
+    with pytest.raises(RuntimeError, match=key):
+        with torch.no_grad():
+            checkpoint(fn, *leaves, use_reentrant=True)
+    assert _take()["exchange"] == 0
+    # the first step's backward is unharmed
+    n = 1 if form == "single" else 2
+    torch.autograd.backward(list(ys[:n]), [d[1] for d in data[:n]])
+    assert _take()["exchange"] == 1
+    got = [y.detach() for y in ys[:n]] + [t.grad for t in (leaves[:3] if form == "single" else leaves)]
+    assert all(torch.equal(a, b) for a, b in zip(got, plain)), f"rank {rank}: {name} {form} after the refused forward"
+    # the handle still holds the entry after the backward: the next step must clear() it
+    with pytest.raises(RuntimeError, match="clear"):
+        fn(*[t.detach() for t in leaves])
+    handle.clear()
+    assert handle.entries == {}
+    outs, fwd, bwd = _run(form, ctx, data, True, handle)
+    assert fwd["exchange"] == 1 and bwd["exchange"] == 1 and set(handle.entries) == {key}
+    assert all(torch.equal(a, b) for a, b in zip(outs, plain)), f"rank {rank}: {name} {form} after clear()"
+    return True
+
+
+def _all(rank, world, seed):
+    _install_counters()
+    n = 0
+    for name, ctx in _contexts(rank, world, seed):
+        assert ctx.num_local_tokens > 0
+        for form in ("single", "multi"):
+            n += _case(rank, world, name, ctx, form, seed + 7)
+            n += _handle_rules(rank, world, name, ctx, form, seed + 8)
+    return n
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 4])
+def test_recompute_handle_on_every_rank(world):
+    done = run_on_ranks(_all, world, 300 + world, timeout_s=240)
+    assert done == [8] * world

@@ -1,0 +1,206 @@
+"""Tier 1: the single-rank op as a torch custom op under torch.compile (CPU, reference backend).
+
+``cake_causal_conv1d_det`` calls ``torch.ops.cakeconv.cake_causal_conv1d_det_forward``, whose
+registered autograd calls ``torch.ops.cakeconv.cake_causal_conv1d_det_backward``. Checked here:
+``torch.compile(fullgraph=True)`` of a small model (Linear -> op -> loss) compiles without a graph
+break and gives bitwise the eager y and gradients (the op is opaque to the compiler, so its bits
+are the eager entry points'); the Function and the op run the same code; ``torch.library.opcheck``
+accepts both ops; bad input raises the eager ValueError/TypeError when the compiled graph runs.
+
+The model's Linear has no bias: Inductor sums a Linear's bias gradient over rows in its own order,
+which is not bitwise eager's (torch's matter, not the op's); every other gradient is bitwise.
+
+Shape legend: S packed tokens, C channels, B batch rows, T row length.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+
+from cakeconv import CakeCausalConv1dDetFunction, cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward
+from tests.helpers import make_inputs
+
+FWD = torch.ops.cakeconv.cake_causal_conv1d_det_forward
+BWD = torch.ops.cakeconv.cake_causal_conv1d_det_backward
+
+C = 16
+
+
+class _Model(torch.nn.Module):
+    """Linear (fp32) -> cast to x_dtype -> conv + SiLU -> y and a loss that depends on y."""
+
+    def __init__(self, x_dtype, w_dtype, b_dtype):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.lin = torch.nn.Linear(C, C, bias=False)
+        with torch.no_grad():
+            self.lin.weight.copy_(torch.randn(C, C, generator=g) * 0.3)
+        self.w = torch.nn.Parameter((torch.randn(C, 4, generator=g) * 0.5).to(w_dtype))
+        self.b = torch.nn.Parameter((torch.randn(C, generator=g) * 0.5).to(b_dtype)) if b_dtype else None
+        self.x_dtype = x_dtype
+
+    def forward(self, x, cu=None):
+        h = self.lin(x).to(self.x_dtype)
+        y = cake_causal_conv1d_det(h, self.w, self.b, cu_seqlens=cu)
+        return y, (y.float() * y.float()).sum()
+
+
+def _run(model, fn, x, cu):
+    model.zero_grad(set_to_none=True)
+    xg = x.clone().requires_grad_(True)
+    y, loss = fn(xg, cu)
+    loss.backward()
+    # clones: under CUDA graphs (mode="reduce-overhead") a later replay reuses the output memory
+    return {"y": y.detach().clone(), "dx": xg.grad.clone(),
+            **{f"d{n}": p.grad.clone() for n, p in model.named_parameters()}}
+
+
+def _assert_bitwise(got, want, what):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert want[k] is not None and got[k] is not None, f"{what}: {k} has no gradient"
+        assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape, f"{what}: {k}"
+        assert torch.equal(got[k], want[k]), f"{what}: {k} differs from eager"
+
+
+CASES = [
+    # (id, x shape, cu_seqlens, x dtype, weight dtype, bias dtype)
+    ("SC_cu_bf16", (37, C), [0, 5, 6, 6, 20, 37], torch.bfloat16, torch.float32, torch.float32),
+    ("BTC_fp32_bf16taps", (3, 11, C), None, torch.float32, torch.bfloat16, torch.float32),
+]
+
+
+@pytest.mark.parametrize("shape,cu,x_dtype,w_dtype,b_dtype", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_compile_fullgraph_inductor_bitwise(shape, cu, x_dtype, w_dtype, b_dtype):
+    torch._dynamo.reset()
+    model = _Model(x_dtype, w_dtype, b_dtype)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    want = _run(model, model, x, cu)
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")
+    _assert_bitwise(_run(model, compiled, x, cu), want, "inductor")
+    # and again on new data (no recompile needed for the same shapes)
+    x2 = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+    _assert_bitwise(_run(model, compiled, x2, cu), _run(model, model, x2, cu), "inductor, new data")
+
+
+def test_explain_no_graph_break_and_op_is_opaque():
+    torch._dynamo.reset()
+    model = _Model(torch.bfloat16, torch.float32, torch.float32)
+    x = torch.randn(37, C)
+    cu = torch.tensor([0, 5, 37], dtype=torch.int32)
+    ex = torch._dynamo.explain(model)(x, cu)
+    assert ex.graph_break_count == 0 and ex.graph_count == 1, ex
+    targets = [n.target for n in ex.graphs[0].graph.nodes if n.op == "call_function"]
+    assert any(t in (FWD, FWD.default) for t in targets), targets
+
+
+def _fn_model(x, w, b, cu):
+    """The Function's own path (autograd.Function.apply) under compile."""
+    return CakeCausalConv1dDetFunction.apply(x, w, b, cu, "auto")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_function_and_op_give_the_same_bits_eager_and_compiled(bias):
+    torch._dynamo.reset()
+    S = 29
+    x, w, b, dy = make_inputs(S, C, dtype=torch.bfloat16, bias=bias, seed=3)
+    cu = torch.tensor([0, 1, 2, 9, 29], dtype=torch.int32)
+
+    def grads(fn):
+        xs = [t.clone().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+        y = fn(xs[0], xs[1], xs[2], cu)
+        y.backward(dy)
+        return [y.detach()] + [t.grad for t in xs if t is not None]
+
+    op = grads(lambda x_, w_, b_, cu_: cake_causal_conv1d_det(x_, w_, b_, cu_seqlens=cu_))
+    fn = grads(_fn_model)
+    compiled = grads(torch.compile(_fn_model, fullgraph=True, backend="aot_eager"))
+    ref = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+    for got in (fn, compiled):
+        assert len(got) == len(op)
+        for a, e in zip(got, op):
+            assert torch.equal(a, e)
+    assert torch.equal(op[1], ref[0]) and torch.equal(op[2], ref[1])
+    if bias:
+        assert torch.equal(op[3], ref[2])
+
+
+def test_mixed_parameter_dtypes_round_each_gradient_once():
+    """bf16 taps with an fp32 bias: dbias is the FP32 sum (not rounded through bf16 first)."""
+    S = 50
+    x, w, b, dy = make_inputs(S, C, dtype=torch.bfloat16, wdtype=torch.bfloat16, seed=4)
+    b = b.float()
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32)
+    wg, bg = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    cake_causal_conv1d_det(x, wg, bg, cu_seqlens=cu).backward(dy)
+    _, dw32, db32 = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, dweight_dtype=torch.float32)
+    assert wg.grad.dtype == torch.bfloat16 and bg.grad.dtype == torch.float32
+    assert torch.equal(bg.grad, db32)
+    assert torch.equal(wg.grad, dw32.to(torch.bfloat16))
+    assert not torch.equal(db32, db32.to(torch.bfloat16).float())  # the case is not vacuous
+
+
+def test_opcheck_forward_and_backward_ops():
+    S = 13
+    x, w, b, dy = make_inputs(S, C, dtype=torch.float32, seed=6)
+    cu = torch.tensor([0, 2, 13], dtype=torch.int64)
+    for bias in (b, None):
+        for cu_ in (cu, None):
+            args = (x.clone().requires_grad_(True), w.clone().requires_grad_(True),
+                    None if bias is None else bias.clone().requires_grad_(True), cu_, "reference")
+            torch.library.opcheck(FWD, args)
+            torch.library.opcheck(BWD, (dy, x, w, bias, cu_, "reference"))
+    xb = x[:12].view(3, 4, C)
+    torch.library.opcheck(FWD, (xb.clone().requires_grad_(True), w, b, None, "auto"))
+
+
+def test_backward_op_without_bias_returns_zero_size_dbias():
+    x, w, _, dy = make_inputs(9, C, bias=False, seed=7)
+    dx, dw, db = BWD(dy, x, w, None, None, "auto")
+    assert dx.shape == x.shape and dw.shape == (C, 4) and db.shape == (0,)
+
+
+BAD = [
+    # (description, change, exception, text)
+    ("cu end", dict(cu=torch.tensor([0, 5, 31], dtype=torch.int32)), ValueError, "cu_seqlens[-1] = 31"),
+    ("cu start", dict(cu=torch.tensor([1, 5, 32], dtype=torch.int32)), ValueError, "cu_seqlens[0] = 1"),
+    ("C not multiple of 8", dict(x=torch.zeros(32, 12), w=torch.zeros(12, 4), b=torch.zeros(12)), ValueError, "C = 12"),
+    ("weight shape", dict(w=torch.zeros(16, 3)), ValueError, "(16, 3)"),
+    ("x float64", dict(x=torch.zeros(32, 16, dtype=torch.float64)), TypeError, "float64"),
+    ("backend", dict(backend="cuda"), ValueError, "'cuda'"),
+]
+
+
+@pytest.mark.parametrize("desc,change,exc,text", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_raises_under_compile(desc, change, exc, text):
+    torch._dynamo.reset()
+    x, w, b, _ = make_inputs(32, 16, dtype=torch.float32, seed=0)
+    args = dict(x=x, w=w, b=b, cu=torch.tensor([0, 5, 32], dtype=torch.int32), backend="auto")
+    args.update(change)
+    backend = args["backend"]
+
+    def f(x_, w_, b_, cu_):
+        return cake_causal_conv1d_det(x_, w_, b_, cu_seqlens=cu_, backend=backend).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    with pytest.raises(exc) as info:
+        compiled(args["x"], args["w"], args["b"], args["cu"])
+    assert text in str(info.value), str(info.value)
+    # The next valid call works.
+    ok = make_inputs(32, 16, dtype=torch.float32, seed=0)
+    assert cake_causal_conv1d_det(ok[0], ok[1], ok[2], cu_seqlens=torch.tensor([0, 5, 32], dtype=torch.int32)).shape == (32, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_cuda_triton_bitwise(mode):
+    """The Triton backend on the GPU: compiled (also CUDA-graphed) bits == eager bits, new data each step."""
+    torch._dynamo.reset()
+    model = _Model(torch.bfloat16, torch.float32, torch.float32).cuda()
+    cu = torch.tensor([0, 1, 3, 3, 700, 1001, 4099], dtype=torch.int32, device="cuda")
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    for step in range(4):
+        x = torch.randn(4099, C, generator=torch.Generator().manual_seed(10 + step)).cuda()
+        want = _run(model, model, x, cu)
+        _assert_bitwise(_run(model, compiled, x, cu), want, f"{mode}, step {step}")
