@@ -25,12 +25,13 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 FWD_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "cu_ptr": "*i32",
            "hist_ptr": "*bf16", "S": "i32", "C8": "i32", "sx8": "i32", "sy8": "i32", "n_seg": "i32",
            "seq_len": "i32", "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr",
-           "R": "constexpr", "SUB": "constexpr", "BC": "constexpr", "PREFETCH": "constexpr"}
+           "R": "constexpr", "SUB": "constexpr", "BC": "constexpr", "PREFETCH": "constexpr",
+           "STAGES": "constexpr"}
 BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32",
            "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
            "C8": "i32", "sx8": "i32", "sdy8": "i32", "sdx8": "i32", "n_seg": "i32", "seq_len": "i32",
            "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr", "HAS_FUT": "constexpr", "R": "constexpr",
-           "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr"}
+           "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr", "STAGES": "constexpr"}
 
 
 def compile_one(fn, sig, consts, num_warps, n_ptrs):
@@ -38,25 +39,25 @@ def compile_one(fn, sig, consts, num_warps, n_ptrs):
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
                         options={"num_warps": num_warps, "enable_fp_fusion": False})
     ptx = ck.asm["ptx"]
-    acc = collections.Counter(re.findall(r"\b((?:ld|st)\.(?:global|local)[\.\w]*)", ptx))
+    acc = collections.Counter(re.findall(r"\b((?:ld|st)\.(?:global|local)[\.\w]*|cp\.async\.cg[\.\w]*)", ptx))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
         res = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", res)
     stack = re.search(r"STACK:(\d+)", res)
-    return (int(regs.group(1)) if regs else -1), (int(stack.group(1)) if stack else -1), dict(acc)
+    return (int(regs.group(1)) if regs else -1), (int(stack.group(1)) if stack else -1), dict(acc, smem=ck.metadata.shared)
 
 
 def main():
     rows = []
     for cfg in tuning.FWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB, "BC": cfg.BC,
-                  "PREFETCH": cfg.prefetch}
+                  "PREFETCH": cfg.prefetch, "STAGES": cfg.stages}
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg.num_warps, 6))
     for cfg in tuning.BWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
-                  "SUB": triton_backward.BWD_SUB, "BC": cfg.BC}
+                  "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages}
         rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg.num_warps, 9))
     for kind, cfg, regs, stack, acc in rows:
         print(f"{kind} {cfg}: regs {regs} stack {stack} accesses {acc}")

@@ -80,14 +80,14 @@ def test_triton_tuning_never_changes_bits():
     gen = torch.Generator().manual_seed(5)
     cu = random_cu_seqlens(S, gen, short=False)
     x, w, b, dy = make_inputs(S, C, seed=6)
-    fwd_cfgs = [FwdConfig(1, 8, 32, 1), FwdConfig(2, 16, 16, 1, prefetch=1), FwdConfig(4, 4, 8, 1)]
+    fwd_cfgs = [FwdConfig(1, 8, 32, 1), FwdConfig(2, 16, 16, 1, prefetch=1), FwdConfig(4, 4, 8, 1), FwdConfig(2, 8, 16, 1, stages=3)]
     ys = []
     for cfg in fwd_cfgs:
         y = torch.empty_like(x)
         triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
         ys.append(y)
     assert all(torch.equal(ys[0], y) for y in ys[1:])
-    bwd_cfgs = [BwdConfig(1, 32, 1), BwdConfig(2, 16, 1), BwdConfig(4, 8, 1)]
+    bwd_cfgs = [BwdConfig(1, 32, 1), BwdConfig(2, 16, 1, stages=3), BwdConfig(4, 8, 1)]
     outs = []
     n_ws = triton_launch.backward_workspace_floats(S, C)
     for cfg in bwd_cfgs:

@@ -108,7 +108,7 @@ def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc
 def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
              n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr):
+             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf)."""
     n_iter = search_iters(d_hi - d_lo)
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
@@ -134,7 +134,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
     acc2 = tl.zeros([R, BC], dtype=tl.float32)
     acc3 = tl.zeros([R, BC], dtype=tl.float32)
     accb = tl.zeros([R, BC], dtype=tl.float32)
-    for i in range(0, SUB, 4):
+    for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
         x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
         x4 = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
@@ -193,7 +193,8 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
 def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
                          S, C8, sx8, sdy8, sdx8, n_seg, seq_len,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
-                         R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr):
+                         R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
+                         STAGES: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB), cdiv(C, BC)). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
@@ -221,11 +222,11 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU) - 1
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC)
+            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC, STAGES)
     else:
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC)
+            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC, STAGES)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)

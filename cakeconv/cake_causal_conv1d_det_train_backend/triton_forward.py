@@ -71,8 +71,12 @@ def _fwd_step(y_ptr, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr
 def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
              d_lo, d_hi, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, SUB: tl.constexpr,
-             PREFETCH: tl.constexpr):
-    """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, four rows per step."""
+             PREFETCH: tl.constexpr, STAGES: tl.constexpr):
+    """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, four rows per step.
+
+    STAGES > 1 lets Triton software-pipeline the loop: the loads of the next STAGES - 1 steps go to
+    shared memory (cp.async) while this step computes, holding no registers while in flight.
+    """
     n_iter = search_iters(d_hi - d_lo)
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
@@ -82,7 +86,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         xb = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED)
         xc = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED)
         xd = load_rows(x_ptr, rows0 + 3, sx, cols, cmask, S, MASKED)
-        for i in range(0, SUB, 4):
+        for i in tl.range(0, SUB, 4, num_stages=STAGES):
             t = rows0 + i
             na = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
             nb = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
@@ -98,7 +102,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
             xc = nc
             xd = nd
     else:
-        for i in range(0, SUB, 4):
+        for i in tl.range(0, SUB, 4, num_stages=STAGES):
             t = rows0 + i
             xa = load_rows(x_ptr, t, sx, cols, cmask, S, MASKED)
             xb = load_rows(x_ptr, t + 1, sx, cols, cmask, S, MASKED)
@@ -115,7 +119,8 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
 def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                          S, C8, sx8, sy8, n_seg, seq_len,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
-                         R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, PREFETCH: tl.constexpr):
+                         R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, PREFETCH: tl.constexpr,
+                         STAGES: tl.constexpr):
     """y[t, c] = silu(b[c] + sum_k w[c, k] * x[t - 3 + k, c]), rows of other segments read as 0.
 
     Grid: (cdiv(S, R * SUB), cdiv(C, BC)). C8 = C / 8 and sx8, sy8 = row strides / 8 (so the
@@ -141,11 +146,11 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
         _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, SUB, PREFETCH)
+                 d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, SUB, PREFETCH, STAGES)
     else:
         # No boundary in (p0 - 3, p_last]: every tap is inside, every row inside [0, S).
         _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, SUB, PREFETCH)
+                 n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, SUB, PREFETCH, STAGES)
 
 
 @triton.jit

@@ -20,6 +20,7 @@ class FwdConfig:
     """R sub-runs of SUB rows side by side, BC channels per program, num_warps warps.
 
     prefetch (0/1): request the next four rows before the current four rows' arithmetic.
+    stages: software-pipelining depth of the row loop (1: none; > 1: loads via shared memory).
     """
 
     R: int
@@ -27,15 +28,20 @@ class FwdConfig:
     BC: int
     num_warps: int
     prefetch: int = 0
+    stages: int = 1
 
 
 @dataclass(frozen=True)
 class BwdConfig:
-    """R leaves (of triton_backward.BWD_SUB rows) side by side, BC channels, num_warps warps."""
+    """R leaves (of triton_backward.BWD_SUB rows) side by side, BC channels, num_warps warps.
+
+    stages: software-pipelining depth of the row loop (1: none; > 1: loads via shared memory).
+    """
 
     R: int
     BC: int
     num_warps: int
+    stages: int = 1
 
 
 FWD_CONFIGS = (
@@ -54,6 +60,12 @@ FWD_CONFIGS = (
     FwdConfig(R=1, SUB=256, BC=1024, num_warps=4),
     FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, prefetch=1),
     FwdConfig(R=2, SUB=128, BC=512, num_warps=4, prefetch=1),
+    # Software-pipelined row loops (cp.async into shared memory; compile_report.py shows it only
+    # for 8 elements per thread). Not yet timed on the H200: candidates for the next sweep.
+    FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3),
+    FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4),
+    FwdConfig(R=2, SUB=64, BC=512, num_warps=4, stages=4),
+    FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3),
 )
 
 BWD_CONFIGS = (
