@@ -19,6 +19,7 @@ for step in "$@"; do
     gputests) python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     gputestsfast) python3 -m pytest -q -m gpu tests -p no:cacheprovider -k "not every_config" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     sweep) python3 benchmarks/sweep_configs.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
+    sweeppipe) python3 benchmarks/sweep_configs.py --passes fwd --only-pipelined --out "$OUT" 2>&1 | tee "$OUT/sweep_pipe.log" | tail -30 ;;
     bench) python3 benchmarks/bench_cake_causal_conv1d_det.py --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -60 ;;
     benchquick) python3 benchmarks/bench_cake_causal_conv1d_det.py --quick --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -40 ;;
     *) echo "unknown step $step" ;;

@@ -19,8 +19,13 @@ import triton
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
 
 
-def fwd_candidates(C):
-    return [c for c in tuning.FWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))]
+def fwd_candidates(C, only_pipelined=False):
+    return [c for c in tuning.FWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))
+            and (not only_pipelined or c.stages > 1 or c in _REFERENCE_FWD)]
+
+
+# With --only-pipelined, the v2 defaults are timed too, as the same-run reference.
+_REFERENCE_FWD = (tuning.FWD_CONFIGS[1], tuning.FWD_CONFIGS[2], tuning.FWD_CONFIGS[13])
 
 
 def bwd_candidates(C):
@@ -67,6 +72,8 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=None)
     ap.add_argument("--passes", default="fwd,bwd")
+    ap.add_argument("--only-pipelined", action="store_true",
+                    help="forward: only the software-pipelined candidates (and the current defaults)")
     args = ap.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     bw = copy_bandwidth(flush)
@@ -86,7 +93,7 @@ def main():
         dw = torch.empty(C, 4, device="cuda")
         db = torch.empty(C, device="cuda")
         if "fwd" in args.passes:
-            for cfg in fwd_candidates(C):
+            for cfg in fwd_candidates(C, args.only_pipelined):
                 fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
                 frac = 4 * S * C / ms / 1e6 / bw
