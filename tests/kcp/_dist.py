@@ -15,6 +15,7 @@ test inside one call, since starting processes costs seconds on a small machine.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import pickle
 import tempfile
@@ -29,6 +30,7 @@ DEFAULT_TIMEOUT_S = 120.0
 
 
 def _worker(rank: int, fn, world_size: int, tmp_dir: str, pg_timeout_s: float, args: tuple) -> None:
+    faulthandler.enable()  # a native crash (SIGABRT, SIGSEGV) prints this rank's Python stack
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
