@@ -279,19 +279,21 @@ def cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx, bias=None, *, 
 
 # ------------------------------------------------------------------------------------- autograd
 
-def _histories(key, handle, run_exchange):
-    """History rows: exchanged, or (inside a checkpoint recompute) read back from the handle."""
-    if handle is None:
-        return run_exchange()
-    if key in handle.entries:
+def _forward_with_handle(key, handle, xs, weights, biases, kctx, backend):
+    """(ys, hists): the forward, exchanging (overlapped with the kernels on Triton) unless the
+    handle already holds this call's history rows (the checkpoint recompute inside a backward)."""
+    if handle is not None and key in handle.entries:
         if not _in_backward():
             raise RuntimeError(
                 f"RecomputeHandleDetKcp already holds an entry {key!r} outside a backward: a handle is "
                 f"reused across micro-steps or calls; create one per call and micro-step, or clear() it")
-        return handle.entries[key]
-    hists = run_exchange()
-    handle.entries[key] = hists
-    return hists
+        hists = handle.entries[key]
+        ys, _ = cake_causal_conv1d_det_multi_forward_kcp(xs, weights, kctx, biases, backend=backend, hists=hists)
+        return ys, hists
+    ys, hists = cake_causal_conv1d_det_multi_forward_kcp(xs, weights, kctx, biases, backend=backend)
+    if handle is not None:
+        handle.entries[key] = hists
+    return ys, hists
 
 
 class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
@@ -318,9 +320,8 @@ class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kctx, backend, handle, n, *args):
         xs, weights, biases = list(args[:n]), list(args[n:2 * n]), list(args[2 * n:3 * n])
-        x_rows, _ = _check_kcp(xs, weights, biases, kctx, backend)
-        hists = _histories(CakeCausalConv1dDetMultiFunctionKcp.KEY, handle, lambda: exchange_history(x_rows, kctx))
-        ys, _ = cake_causal_conv1d_det_multi_forward_kcp(xs, weights, kctx, biases, backend=backend, hists=hists)
+        ys, hists = _forward_with_handle(CakeCausalConv1dDetMultiFunctionKcp.KEY, handle, xs, weights, biases,
+                                         kctx, backend)
         ctx.kctx, ctx.backend, ctx.n = kctx, backend, n
         ctx.has_bias = [b is not None for b in biases]
         ctx.save_for_backward(*xs, *weights, *[b for b in biases if b is not None], *hists)
@@ -350,9 +351,8 @@ class CakeCausalConv1dDetFunctionKcp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_local, weight, bias, kctx, backend, handle):
-        x_rows, _ = _check_kcp([x_local], [weight], [bias], kctx, backend)
-        hists = _histories("conv", handle, lambda: exchange_history(x_rows, kctx))
-        y, _ = cake_causal_conv1d_det_forward_kcp(x_local, weight, kctx, bias, backend=backend, hist=hists[0])
+        ys, hists = _forward_with_handle("conv", handle, [x_local], [weight], [bias], kctx, backend)
+        y = ys[0]
         ctx.kctx, ctx.backend, ctx.has_bias = kctx, backend, bias is not None
         ctx.save_for_backward(x_local, weight, bias, hists[0])
         return y
