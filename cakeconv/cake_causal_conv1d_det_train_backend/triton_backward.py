@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .triton_common import (
     conv_pre,
+    listed_rows,
     load_taps,
     count_bounds_le,
     window_has_boundary,
@@ -306,7 +307,6 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     the same rows. Grid: (cdiv(n_rows, RB), cdiv(C, BC)); ``cu`` are the local segment
     boundaries, ``hist`` [N, 3, C] the x rows before each segment.
     """
-    pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     C = C8 * 8
     sx = sx8.to(tl.int64) * 8
@@ -314,9 +314,7 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
     b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
-    i = pid_r * RB + tl.arange(0, RB)
-    imask = i < n_rows
-    t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)  # padding rows read as row S
+    i, imask, t = listed_rows(rows_ptr, n_rows, S, RB)
     a3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
     a2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
     a1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
@@ -339,7 +337,6 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     main kernel's helpers (same bits), rows past the segment taken from fut, and the same FMA
     sequence for dx. Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
     """
-    pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     C = C8 * 8
     sx = sx8.to(tl.int64) * 8
@@ -348,9 +345,7 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
     b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
-    i = pid_r * RB + tl.arange(0, RB)
-    imask = i < n_rows
-    t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)  # padding rows read as row S
+    i, imask, t = listed_rows(rows_ptr, n_rows, S, RB)
     xm3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
     xm2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
     xm1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)

@@ -128,6 +128,16 @@ def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.cons
 
 
 @triton.jit
+def listed_rows(rows_ptr, n_rows, S, RB: tl.constexpr):
+    """(i, imask, t) of a row-list program: its RB list positions and their local rows (int32);
+    positions past the list read as row S (nothing of theirs is stored)."""
+    i = tl.program_id(0) * RB + tl.arange(0, RB)
+    imask = i < n_rows
+    t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)
+    return i, imask, t
+
+
+@triton.jit
 def load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS: tl.constexpr, BC: tl.constexpr):
     """(b, w0, w1, w2, w3): FP32 [1, BC] rows of the bias (zero without one) and the four taps."""
     w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]

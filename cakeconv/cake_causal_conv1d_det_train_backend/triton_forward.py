@@ -16,6 +16,7 @@ import triton.language as tl
 
 from .triton_common import (
     conv_pre,
+    listed_rows,
     load_taps,
     count_bounds_le,
     window_has_boundary,
@@ -164,7 +165,6 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     them with the same helpers and FMA sequence (same bits as a single-rank run).
     Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
     """
-    pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     C = C8 * 8
     sx = sx8.to(tl.int64) * 8
@@ -172,8 +172,7 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
     b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
-    i = pid_r * RB + tl.arange(0, RB)
-    t = tl.load(rows_ptr + i, mask=i < n_rows, other=S).to(tl.int32)  # padding rows read as row S
+    i, imask, t = listed_rows(rows_ptr, n_rows, S, RB)
     a3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
     a2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
     a1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
