@@ -31,6 +31,7 @@ from .triton_common import (
     window_has_boundary,
     halo_tap,
     load_rows,
+    load_rows_raw,
     pairwise_sum_rows,
     search_iters,
     segment_of_rows,
@@ -109,8 +110,14 @@ def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc
 def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
              n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
-    """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf)."""
+             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
+             PREFETCH: tl.constexpr):
+    """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf).
+
+    PREFETCH (0/1): the next step's eight rows are requested (kept in x's dtype) before this
+    step's arithmetic, so a warp has two steps of loads in flight (the caller's boundary window
+    then reaches 4 rows further).
+    """
     n_iter = search_iters(d_hi - d_lo)
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
@@ -135,16 +142,44 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
     acc2 = tl.zeros([R, BC], dtype=tl.float32)
     acc3 = tl.zeros([R, BC], dtype=tl.float32)
     accb = tl.zeros([R, BC], dtype=tl.float32)
+    # Raw (x's dtype) rows of the next step, requested one step ahead when PREFETCH.
+    px3 = load_rows_raw(x_ptr, rows0 + 3, sx, cols, cmask, S, MASKED)
+    px4 = load_rows_raw(x_ptr, rows0 + 4, sx, cols, cmask, S, MASKED)
+    px5 = load_rows_raw(x_ptr, rows0 + 5, sx, cols, cmask, S, MASKED)
+    px6 = load_rows_raw(x_ptr, rows0 + 6, sx, cols, cmask, S, MASKED)
+    pdy3 = load_rows_raw(dy_ptr, rows0 + 3, sdy, cols, cmask, S, MASKED)
+    pdy4 = load_rows_raw(dy_ptr, rows0 + 4, sdy, cols, cmask, S, MASKED)
+    pdy5 = load_rows_raw(dy_ptr, rows0 + 5, sdy, cols, cmask, S, MASKED)
+    pdy6 = load_rows_raw(dy_ptr, rows0 + 6, sdy, cols, cmask, S, MASKED)
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
-        x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
-        x4 = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
-        x5 = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
-        x6 = load_rows(x_ptr, t + 6, sx, cols, cmask, S, MASKED)
-        dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, MASKED)
-        dy4 = load_rows(dy_ptr, t + 4, sdy, cols, cmask, S, MASKED)
-        dy5 = load_rows(dy_ptr, t + 5, sdy, cols, cmask, S, MASKED)
-        dy6 = load_rows(dy_ptr, t + 6, sdy, cols, cmask, S, MASKED)
+        if PREFETCH:
+            x3 = px3.to(tl.float32)
+            x4 = px4.to(tl.float32)
+            x5 = px5.to(tl.float32)
+            x6 = px6.to(tl.float32)
+            dy3 = pdy3.to(tl.float32)
+            dy4 = pdy4.to(tl.float32)
+            dy5 = pdy5.to(tl.float32)
+            dy6 = pdy6.to(tl.float32)
+            tn = t + 7  # the last step reads rows up to p_last + 7 (in the boundary window), unused
+            px3 = load_rows_raw(x_ptr, tn, sx, cols, cmask, S, MASKED)
+            px4 = load_rows_raw(x_ptr, tn + 1, sx, cols, cmask, S, MASKED)
+            px5 = load_rows_raw(x_ptr, tn + 2, sx, cols, cmask, S, MASKED)
+            px6 = load_rows_raw(x_ptr, tn + 3, sx, cols, cmask, S, MASKED)
+            pdy3 = load_rows_raw(dy_ptr, tn, sdy, cols, cmask, S, MASKED)
+            pdy4 = load_rows_raw(dy_ptr, tn + 1, sdy, cols, cmask, S, MASKED)
+            pdy5 = load_rows_raw(dy_ptr, tn + 2, sdy, cols, cmask, S, MASKED)
+            pdy6 = load_rows_raw(dy_ptr, tn + 3, sdy, cols, cmask, S, MASKED)
+        else:
+            x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
+            x4 = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
+            x5 = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
+            x6 = load_rows(x_ptr, t + 6, sx, cols, cmask, S, MASKED)
+            dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, MASKED)
+            dy4 = load_rows(dy_ptr, t + 4, sdy, cols, cmask, S, MASKED)
+            dy5 = load_rows(dy_ptr, t + 5, sdy, cols, cmask, S, MASKED)
+            dy6 = load_rows(dy_ptr, t + 6, sdy, cols, cmask, S, MASKED)
         g3, d3, s3, e3 = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                     cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
                                     HAS_CU, HAS_HIST, MASKED)
@@ -195,7 +230,7 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
                          S, C8, sx8, sdy8, sdx8, n_seg, seq_len,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
                          R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
-                         STAGES: tl.constexpr):
+                         STAGES: tl.constexpr, PREFETCH: tl.constexpr = 0):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB), cdiv(C, BC)). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
@@ -217,17 +252,17 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     p_last = p0 + R * SUB - 1
     rows0 = p0 + tl.arange(0, R) * SUB
     # Taps reach 3 rows back, the g look-ahead 3 rows forward.
-    n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - 3, p_last + 3, seq_len, HAS_CU)
+    n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - 3, p_last + 3 + 4 * PREFETCH, seq_len, HAS_CU)
     if masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU) - 1
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC, STAGES)
+            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC, STAGES, PREFETCH)
     else:
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC, STAGES)
+            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC, STAGES, PREFETCH)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)

@@ -36,12 +36,14 @@ class BwdConfig:
     """R leaves (of triton_backward.BWD_SUB rows) side by side, BC channels, num_warps warps.
 
     stages: software-pipelining depth of the row loop (1: none; > 1: loads via shared memory).
+    prefetch (0/1): request the next step's rows before the current step's arithmetic.
     """
 
     R: int
     BC: int
     num_warps: int
     stages: int = 1
+    prefetch: int = 0
 
 
 FWD_CONFIGS = (
@@ -79,6 +81,12 @@ BWD_CONFIGS = (
     BwdConfig(R=4, BC=256, num_warps=8),
     BwdConfig(R=2, BC=512, num_warps=8),
     BwdConfig(R=8, BC=256, num_warps=8),
+    # Prefetch candidates (v3; not yet timed on the H200).
+    BwdConfig(R=4, BC=128, num_warps=4, prefetch=1),
+    BwdConfig(R=2, BC=128, num_warps=2, prefetch=1),
+    BwdConfig(R=4, BC=64, num_warps=2, prefetch=1),
+    BwdConfig(R=2, BC=256, num_warps=4, prefetch=1),
+    BwdConfig(R=8, BC=128, num_warps=8, prefetch=1),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.

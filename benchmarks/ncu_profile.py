@@ -1,0 +1,57 @@
+"""Run each Triton kernel of interest once, for Nsight Compute (ncu) to read its counters (GPU).
+
+    ncu --clock-control none -k regex:cake_conv --section SpeedOfLight ... \
+        python benchmarks/ncu_profile.py --C 512
+
+Launches, per C: the default forward, the forward's pipelined candidate (stages > 1), the default
+backward and its prefetch candidate, plus a device-to-device copy of the same bytes (the ceiling
+ncu measures against). The counters are ncu's output; this script only launches.
+"""
+
+import argparse
+import sys
+
+import torch
+
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
+
+
+def random_cu(S, seed, mean=3000):
+    g = torch.Generator().manual_seed(seed)
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(torch.randint(1, 2 * mean, (), generator=g))))
+    return torch.tensor(cuts, dtype=torch.int32, device="cuda")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--C", default="512")
+    ap.add_argument("--S", type=int, default=250340)
+    args = ap.parse_args()
+    S = args.S
+    for C in [int(c) for c in args.C.split(",")]:
+        x = torch.randn(S, C, device="cuda").bfloat16()
+        dy = torch.randn(S, C, device="cuda").bfloat16()
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        w, b = torch.randn(C, 4, device="cuda"), torch.randn(C, device="cuda")
+        cu = random_cu(S, C)
+        ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
+        dw, db = torch.empty(C, 4, device="cuda"), torch.empty(C, device="cuda")
+        fwd_default = tuning.pick_fwd_config(C, 2, False)
+        fwd_piped = [c for c in tuning.FWD_CONFIGS if c.stages > 1 and c.BC <= max(64, C)][-1]
+        bwd_default = tuning.pick_bwd_config(C, 2, False)
+        bwd_pref = [c for c in tuning.BWD_CONFIGS if c.prefetch][0]
+        for cfg in (fwd_default, fwd_piped):
+            print(f"C={C} forward {cfg}", flush=True)
+            triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
+        for cfg in (bwd_default, bwd_pref):
+            print(f"C={C} backward {cfg}", flush=True)
+            triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+        y.copy_(x)
+        torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
