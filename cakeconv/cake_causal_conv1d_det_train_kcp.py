@@ -5,13 +5,21 @@ A packed batch is split across the ranks of a process group (``build_kcp_context
 the conv on its rows, reading the history rows of fragments that continue a document from the
 ranks that hold them (a halo exchange over torch.distributed). Each rank's y and dx are bitwise
 the single-rank ``cake_causal_conv1d_det`` of the whole batch on its tokens.
+
+Both ops call the torch custom op ``torch.ops.cakeconv.cake_causal_conv1d_det_kcp_forward``
+(registered autograd: ``..._kcp_backward``), in eager and under ``torch.compile(fullgraph=True)``,
+which traces them without a graph break; the context and the recompute handle reach the op as
+their process-local ``op_id`` ints (cake_causal_conv1d_det_train_backend/kcp_custom_ops.py).
 """
 
 from __future__ import annotations
 
+from .cake_causal_conv1d_det_train_backend import kcp_custom_ops
 from .cake_causal_conv1d_det_train_backend.kcp import (
-    CakeCausalConv1dDetFunctionKcp,
-    CakeCausalConv1dDetMultiFunctionKcp,
+    KEY_MULTI,
+    KEY_SINGLE,
+    CakeCausalConv1dDetFunctionKcp,  # noqa: F401  (the Functions behind the ops, SPEC 3)
+    CakeCausalConv1dDetMultiFunctionKcp,  # noqa: F401
     RecomputeHandleDetKcp,
 )
 from .cake_causal_conv1d_det_train_backend.kcp_context import KcpContext, build_kcp_context
@@ -49,8 +57,16 @@ def cake_causal_conv1d_det_kcp(x_local, weight, ctx, *, bias=None, recompute_han
         y of x_local's shape and dtype. Backward: dx of this rank's rows (bitwise the single-rank
         dx), and dweight/dbias as this rank's PARTIAL sums (FP32): the training framework reduces
         them over the data- and context-parallel group as it does for every parameter.
+
+    Eager and ``torch.compile(fullgraph=True)`` run the same custom op (no graph break, bitwise the
+    same y and gradients), also with a recompute handle under ``torch.utils.checkpoint`` inside or
+    around the compiled code: the handle rules are applied when the op runs. Keep ``ctx`` alive
+    until the backward has run (a compiled graph refers to it by its ``op_id`` only). The exchange
+    is a collective: every rank must make the same KCP calls in the same order, so compile the same
+    model code on every rank.
     """
-    return CakeCausalConv1dDetFunctionKcp.apply(x_local, weight, bias, ctx, backend, recompute_handle)
+    return kcp_custom_ops.kcp_forward([x_local], [weight], [bias], ctx, recompute_handle,
+                                      KEY_SINGLE, backend)[0]
 
 
 def cake_causal_conv1d_det_multi_kcp(xs, weights, ctx, *, biases=None, recompute_handle=None, backend="auto"):
@@ -69,4 +85,5 @@ def cake_causal_conv1d_det_multi_kcp(xs, weights, ctx, *, biases=None, recompute
     biases = list(biases) if biases is not None else [None] * len(xs)
     if len(weights) != len(xs) or len(biases) != len(xs):
         raise ValueError(f"got {len(xs)} tensors, {len(weights)} weights and {len(biases)} biases; give one of each per tensor")
-    return CakeCausalConv1dDetMultiFunctionKcp.apply(ctx, backend, recompute_handle, len(xs), *xs, *weights, *biases)
+    return tuple(kcp_custom_ops.kcp_forward(xs, weights, biases, ctx, recompute_handle,
+                                            KEY_MULTI, backend))

@@ -17,6 +17,7 @@ Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_tra
 - ``kcp_exchange.py``    the halo exchange (point-to-point, gloo and NCCL)
 - ``kcp_context.py``     ``KcpContext`` / ``build_kcp_context``
 - ``kcp.py``             KCP programs, Functions and the recompute handle
+- ``kcp_custom_ops.py``  the KCP ops as torch.library custom ops (torch.compile)
 """
 
 from . import kcp  # noqa: F401  (the .kcp submodule of SPEC section 3)

@@ -20,14 +20,21 @@ completes first.) The boundary rows thus go through the very arithmetic of the s
 the very same inputs: y and dx are bitwise the single-rank op's on this rank's tokens (same
 backend). dweight/dbias are this rank's partial sums (FP32, fixed order within the rank); the
 training framework reduces them over the data- and context-parallel group like every gradient.
+
+Autograd: the public ops and the Functions below call the torch custom ops of kcp_custom_ops.py
+(the context and the recompute handle travel as their ``op_id`` ints), whose real implementations
+call ``forward_with_handle`` (the recompute-handle rules, then the forward program above; the
+forward is overlapped with its exchange on Triton whenever it exchanges) and
+``cake_causal_conv1d_det_multi_backward_kcp``. The saved state is x, the taps, the biases and the
+received history rows [D, 3, C_i]: the backward never repeats the forward exchange.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import checks
-from .kcp_context import KcpContext
+from . import checks, kcp_custom_ops
+from .kcp_context import KcpContext, ObjectRegistry
 from .kcp_exchange import start_halo_exchange
 from .ops import _rows
 from .reference import reference_backward, reference_forward
@@ -51,6 +58,9 @@ __all__ = [
 ]
 
 H = 3
+HANDLES = ObjectRegistry("RecomputeHandleDetKcp")
+KEY_SINGLE = "conv"  # the handle's entry of cake_causal_conv1d_det_kcp
+KEY_MULTI = "conv_multi"  # the handle's entry of cake_causal_conv1d_det_multi_kcp
 
 
 class RecomputeHandleDetKcp:
@@ -65,10 +75,17 @@ class RecomputeHandleDetKcp:
     A forward outside a backward that finds an entry raises (a handle reused across micro-steps);
     ``clear()`` makes the handle reusable. The exchange is a collective: every rank passes a handle
     for the same call or none.
+
+    ``op_id``: the process-local int by which the torch custom ops (kcp_custom_ops.py) find this
+    handle (a custom op cannot take a Python object); assigned once, at construction, from a
+    per-process counter, and held in a weak registry (a dropped handle is forgotten).
+    Under torch.compile every new handle is a new value of that int: the first new one causes one
+    recompile, after which Dynamo treats the id as a dynamic int.
     """
 
     def __init__(self):
         self.entries: dict = {}
+        self.op_id: int = HANDLES.register(self)
 
     def clear(self) -> None:
         """Forget the stored history rows (call between micro-steps to reuse the handle)."""
@@ -166,6 +183,11 @@ def cake_causal_conv1d_det_multi_forward_kcp(xs, weights, ctx, biases=None, *, b
     """
     biases = list(biases) if biases is not None else [None] * len(xs)
     x_rows, be = _check_kcp(list(xs), list(weights), biases, ctx, backend)
+    return _forward_rows(list(xs), x_rows, list(weights), biases, ctx, be, hists)
+
+
+def _forward_rows(xs, x_rows, weights, biases, ctx, be, hists):
+    """The forward program on validated operands (x_rows: xs as [S, C_i]; be: resolved backend)."""
     cu = ctx.local_cu_seqlens
     ys = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
     y_rows = [y.view(x_SC.shape) for y, x_SC in zip(ys, x_rows)]
@@ -279,20 +301,39 @@ def cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx, bias=None, *, 
 
 # ------------------------------------------------------------------------------------- autograd
 
-def _forward_with_handle(key, handle, xs, weights, biases, kctx, backend):
-    """(ys, hists): the forward, exchanging (overlapped with the kernels on Triton) unless the
-    handle already holds this call's history rows (the checkpoint recompute inside a backward)."""
-    if handle is not None and key in handle.entries:
-        if not _in_backward():
-            raise RuntimeError(
-                f"RecomputeHandleDetKcp already holds an entry {key!r} outside a backward: a handle is "
-                f"reused across micro-steps or calls; create one per call and micro-step, or clear() it")
-        hists = handle.entries[key]
-        ys, _ = cake_causal_conv1d_det_multi_forward_kcp(xs, weights, kctx, biases, backend=backend, hists=hists)
-        return ys, hists
-    ys, hists = cake_causal_conv1d_det_multi_forward_kcp(xs, weights, kctx, biases, backend=backend)
+def _stored_histories(key, handle):
+    """The history rows a checkpoint recompute reads back from the handle, or None (exchange).
+
+    Raises RuntimeError (before any exchange, so no rank hangs) when the handle already holds
+    ``key`` outside a backward: a handle reused across micro-steps or calls.
+    """
+    if handle is None or key not in handle.entries:
+        return None
+    if not _in_backward():
+        raise RuntimeError(
+            f"RecomputeHandleDetKcp already holds an entry {key!r} outside a backward: a handle is "
+            f"reused across micro-steps or calls; create one per call and micro-step, or clear() it")
+    return handle.entries[key]
+
+
+def forward_with_handle(xs, weights, biases, ctx, backend, handle, key):
+    """(ys, hists): the KCP forward of an autograd call, with the recompute-handle rules (SPEC 5).
+
+    No handle: the forward program with its exchange (overlapped with the kernel on Triton).
+    A handle without ``key``: the same, and the received history rows are stored in
+    ``handle.entries[key]``. A handle with ``key``, inside a backward (a checkpoint recompute): no
+    exchange, the stored rows are used. Outside a backward: RuntimeError. The rows a stored entry
+    holds are bitwise the exchanged ones, so y and every gradient are those of the run without a
+    handle. With a handle the returned hists are copies (a custom op's outputs must be fresh
+    tensors; the stored entry never aliases anything the caller or a compiler could write to).
+    """
+    x_rows, be = _check_kcp(xs, weights, biases, ctx, backend)
+    stored = _stored_histories(key, handle)
+    ys, hists = _forward_rows(xs, x_rows, weights, biases, ctx, be, stored)
     if handle is not None:
-        handle.entries[key] = hists
+        if stored is None:
+            handle.entries[key] = hists
+        hists = [h.clone() for h in hists]
     return ys, hists
 
 
@@ -313,32 +354,30 @@ class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
     token read from hist (exchanged). Backward: g of the rows others need, one exchange of those
     FP32 g rows, then ``dx[t] = sum_k w[:, k] * g[t + 3 - k]`` with g rows past the segment read
     from fut, and the partial ``dw = sum_t g[t] x[t - 3 + k]``, ``db = sum_t g[t]`` of this rank.
+
+    ``apply(kctx, backend, handle, n, *xs, *weights, *biases)``. The forward and backward call the
+    torch custom ops ``cakeconv::cake_causal_conv1d_det_kcp_forward`` / ``..._backward``
+    (kcp_custom_ops.py) and save and read the state through the same helpers as the op's registered
+    autograd formula, so ``apply`` gives bitwise the y and gradients of
+    ``cake_causal_conv1d_det_multi_kcp`` (which calls the op directly). Both compile under
+    ``torch.compile(fullgraph=True)`` without a graph break. The saved state is xs, the taps, the
+    biases and the received history rows: the backward never repeats the forward exchange.
     """
 
-    KEY = "conv_multi"
+    KEY = KEY_MULTI
 
     @staticmethod
     def forward(ctx, kctx, backend, handle, n, *args):
         xs, weights, biases = list(args[:n]), list(args[n:2 * n]), list(args[2 * n:3 * n])
-        ys, hists = _forward_with_handle(CakeCausalConv1dDetMultiFunctionKcp.KEY, handle, xs, weights, biases,
-                                         kctx, backend)
-        ctx.kctx, ctx.backend, ctx.n = kctx, backend, n
-        ctx.has_bias = [b is not None for b in biases]
-        ctx.save_for_backward(*xs, *weights, *[b for b in biases if b is not None], *hists)
-        return tuple(ys)
+        op_args = kcp_custom_ops.op_arguments(xs, weights, biases, kctx, handle,
+                                              KEY_MULTI, backend)
+        out = kcp_custom_ops.forward_op(*op_args)
+        kcp_custom_ops.save_state(ctx, op_args, out[n:], kctx)
+        return tuple(out[:n])
 
     @staticmethod
     def backward(ctx, *dys):
-        n = ctx.n
-        saved = list(ctx.saved_tensors)
-        xs, weights = saved[:n], saved[n:2 * n]
-        nb = sum(ctx.has_bias)
-        it = iter(saved[2 * n:2 * n + nb])
-        biases = [next(it) if hb else None for hb in ctx.has_bias]
-        hists = saved[2 * n + nb:]
-        dys = [torch.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
-        dxs, dws, dbs = cake_causal_conv1d_det_multi_backward_kcp(
-            dys, xs, weights, ctx.kctx, biases, hists=hists, backend=ctx.backend)
+        dxs, dws, dbs = kcp_custom_ops.gradients(ctx, dys)
         return (None, None, None, None, *dxs, *dws, *dbs)
 
 
@@ -346,20 +385,22 @@ class CakeCausalConv1dDetFunctionKcp(torch.autograd.Function):
     """KCP conv1d + SiLU of one tensor (the multi Function's programs with n = 1).
 
     Shapes and math as ``CakeCausalConv1dDetMultiFunctionKcp``; the recompute handle key is
-    ``"conv"``. The results are bitwise those of the multi form's entry for the same tensor.
+    ``"conv"``. ``apply(x_local, weight, bias, kctx, backend, handle)`` gives bitwise the y and
+    gradients of ``cake_causal_conv1d_det_kcp`` (the same custom ops and helpers), and those of the
+    multi form's entry for the same tensor.
     """
+
+    KEY = KEY_SINGLE
 
     @staticmethod
     def forward(ctx, x_local, weight, bias, kctx, backend, handle):
-        ys, hists = _forward_with_handle("conv", handle, [x_local], [weight], [bias], kctx, backend)
-        y = ys[0]
-        ctx.kctx, ctx.backend, ctx.has_bias = kctx, backend, bias is not None
-        ctx.save_for_backward(x_local, weight, bias, hists[0])
-        return y
+        op_args = kcp_custom_ops.op_arguments([x_local], [weight], [bias], kctx, handle,
+                                              KEY_SINGLE, backend)
+        out = kcp_custom_ops.forward_op(*op_args)
+        kcp_custom_ops.save_state(ctx, op_args, out[1:], kctx)
+        return out[0]
 
     @staticmethod
     def backward(ctx, dy):
-        x_local, weight, bias, hist = ctx.saved_tensors
-        dx, dw, db = cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx.kctx, bias, hist=hist,
-                                                         backend=ctx.backend)
-        return dx, dw, db, None, None, None
+        dxs, dws, dbs = kcp_custom_ops.gradients(ctx, (dy,))
+        return dxs[0], dws[0], dbs[0], None, None, None

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
+import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -28,6 +31,54 @@ from .kcp_plan import (
     normalize_cu_seqlens,
     validate_fragments,
 )
+
+class ObjectRegistry:
+    """Process-local ints naming live objects that a torch custom op cannot take as an argument.
+
+    The KCP custom ops (kcp_custom_ops.py) take a ``KcpContext`` and a ``RecomputeHandleDetKcp``
+    as the int ``op_id`` the object got at construction. Ids come from a per-process counter
+    (1, 2, 3, ... in construction order: the same on every rank that builds its objects in the
+    same order) and are never reused; the map holds the objects weakly, so a dropped object is
+    forgotten and the registry does not grow with the number of objects ever made.
+    """
+
+    def __init__(self, what: str):
+        self._what = what
+        self._live = weakref.WeakValueDictionary()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def register(self, obj) -> int:
+        """A fresh id for ``obj`` (held weakly)."""
+        with self._lock:
+            op_id = next(self._ids)
+            self._live[op_id] = obj
+        return op_id
+
+    def get(self, op_id):
+        """The live object of ``op_id``, or None."""
+        return self._live.get(int(op_id))
+
+    def lookup(self, op_id):
+        """The live object of ``op_id``.
+
+        Raises:
+            RuntimeError: no live object has that id in this process (it was garbage-collected,
+                or the id comes from another process).
+        """
+        obj = self._live.get(int(op_id))
+        if obj is None:
+            raise RuntimeError(
+                f"no live {self._what} with op_id {op_id} in this process: it was garbage-collected "
+                f"(keep it alive until the backward of every call that used it has run) or the id "
+                f"comes from another process")
+        return obj
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+CONTEXTS = ObjectRegistry("KcpContext")
 
 _LAYOUT_IDS = {"contiguous": 0, "zigzag": 1, "zigzag_per_document": 2, "fragments": 3}
 _FINGERPRINT_FIELDS = ("ok", "world size", "layout", "total tokens", "cu_seqlens", "fragments")
@@ -62,6 +113,11 @@ class KcpContext:
         fix_fwd_rows, fix_bwd_rows: int64: the local rows whose y (first rows of a continuing
             segment) or dx (last rows of a continued segment) need the halo (``boundary_rows``).
         plan: the RankPlan on ``device`` (the same tensors as above).
+        op_id: the process-local int by which the torch custom ops (kcp_custom_ops.py) find this
+            context (``CONTEXTS``; a custom op cannot take a Python object). Assigned once, at
+            construction, from a per-process counter; the registry holds the context weakly.
+            Under torch.compile a new context is a new value of that int: the first one causes
+            one recompile, after which Dynamo treats it as a dynamic int.
     """
 
     def __init__(self, *, group, layout: str, fragments, global_cu_seqlens, device: torch.device, plan: RankPlan):
@@ -86,6 +142,7 @@ class KcpContext:
         self.fut_exchange = plan.fut_exchange
         self.hist_rows, self.hist_exchange_compact = compact_exchange(plan.hist_exchange)
         self.fix_fwd_rows, self.fix_bwd_rows = boundary_rows(plan)
+        self.op_id: int = CONTEXTS.register(self)  # last: a failed construction registers nothing
 
     def __repr__(self) -> str:
         return (
