@@ -151,6 +151,73 @@ class KcpContext:
             f"num_segments={self.num_segments}, device={self.device})"
         )
 
+    def device_tables(self) -> dict[str, torch.Tensor]:
+        """Every device tensor the KCP forward and backward read, by name (for ``load_layout_``)."""
+        tables = {
+            "local_token_indices": self.local_token_indices,
+            "local_cu_seqlens": self.local_cu_seqlens,
+            "hist_src": self.hist_src,
+            "fut_src": self.fut_src,
+            "fut_rows": self.fut_rows,
+            "hist_rows": self.hist_rows,
+            "fix_fwd_rows": self.fix_fwd_rows,
+            "fix_bwd_rows": self.fix_bwd_rows,
+        }
+        for name, spec in (("hist_exchange", self.hist_exchange), ("hist_exchange_compact", self.hist_exchange_compact),
+                           ("fut_exchange", self.fut_exchange)):
+            tables[f"{name}.self_src_idx"] = spec.self_src_idx
+            tables[f"{name}.self_dst_slot"] = spec.self_dst_slot
+            for q in spec.peers:
+                tables[f"{name}.send_idx[{q}]"] = spec.send_idx[q]
+                tables[f"{name}.recv_slot[{q}]"] = spec.recv_slot[q]
+        return tables
+
+    def load_layout_(self, other: "KcpContext") -> "KcpContext":
+        """Copy another context's tables into this context's device tensors, in place.
+
+        For CUDA-graph replay with a new batch layout: a graph captured with this context keeps
+        reading the same device tensors, so after ``ctx.load_layout_(build_kcp_context(new_cu,
+        ...))`` a replay computes the new layout without re-capture. No collective (``other`` was
+        built, and cross-checked, by one). The copies are enqueued on the current stream.
+
+        The caps: every table must keep its shape, i.e. the same group, rank, local token count
+        S_local, local segment count D, exchange peers and per-peer row counts, and the same
+        numbers of boundary rows. ``other`` must be built for the same group and device. Whether
+        a new batch fits depends on where its document boundaries fall: the same layout and T,
+        the same number of local segments (document pieces; empty documents make none) on every
+        rank, and no document boundary within 3 tokens of a fragment edge in either batch, give
+        equal shapes.
+
+        Raises:
+            ValueError: a table whose shape differs (named in the message), or a different group,
+                rank or device; nothing is copied then.
+        """
+        if not isinstance(other, KcpContext):
+            raise ValueError(f"load_layout_ expects a KcpContext, got {type(other).__name__}")
+        if (other.group, other.rank, other.world_size, other.device) != (self.group, self.rank, self.world_size, self.device):
+            raise ValueError(
+                f"load_layout_ needs a context of the same group, rank and device: this is rank {self.rank} of "
+                f"{self.world_size} on {self.device}, the other rank {other.rank} of {other.world_size} on {other.device}")
+        mine, theirs = self.device_tables(), other.device_tables()
+        if mine.keys() != theirs.keys():
+            raise ValueError(
+                f"load_layout_: the exchange peers differ (this context talks to {sorted(self.hist_exchange.peers)} / "
+                f"{sorted(self.fut_exchange.peers)}, the other to {sorted(other.hist_exchange.peers)} / "
+                f"{sorted(other.fut_exchange.peers)}); a captured graph cannot serve it")
+        bad = [f"{k}: {tuple(mine[k].shape)} vs {tuple(theirs[k].shape)}" for k in mine
+               if mine[k].shape != theirs[k].shape or mine[k].dtype != theirs[k].dtype]
+        if bad:
+            raise ValueError(
+                "load_layout_: the new layout does not fit this context's tables (a captured graph keeps their "
+                "shapes); differing: " + "; ".join(bad))
+        for k, t in mine.items():
+            t.copy_(theirs[k])
+        self.layout = other.layout
+        self.fragments = other.fragments
+        self.global_cu_seqlens = other.global_cu_seqlens
+        self.total_tokens = other.total_tokens
+        return self
+
     def shard(self, x_global: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a global packed tensor ``[T, ...]`` or ``[1, T, ...]``, in local order.
 

@@ -132,3 +132,50 @@ def test_mismatched_inputs_raise_on_every_rank():
     # 4: rank 1's own error names T; rank 0 learns that rank 1 failed
     assert "T = 7" in outcomes[1][3]
     assert "failed on rank(s) [1]" in outcomes[0][3]
+
+
+# ----------------------------------------------------------------- load_layout_ (graph replay)
+
+
+def _layout_case(rank, world_size, backend):
+    """Load layout B into a context built for layout A; the op through it equals B's, bitwise."""
+    from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
+
+    T, C = 1000, 16
+    cu_a = torch.tensor([0, 5, 300, 1000], dtype=torch.int32)
+    cu_b = torch.tensor([0, 17, 410, 1000], dtype=torch.int32)  # same segment counts, edges 250/500/750 clear
+    ctx = build_kcp_context(cu_a, layout="zigzag")
+    ctx_b = build_kcp_context(cu_b, layout="zigzag")
+    tables = {k: v.clone() for k, v in ctx.device_tables().items()}
+    assert any(not torch.equal(tables[k], v) for k, v in ctx_b.device_tables().items())
+    assert ctx.load_layout_(ctx_b) is ctx
+    for k, v in ctx.device_tables().items():
+        assert torch.equal(v, ctx_b.device_tables()[k]), k
+    assert ctx.global_cu_seqlens == (0, 17, 410, 1000)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(T, C, generator=g).bfloat16()
+    dy = torch.randn(T, C, generator=g).bfloat16()
+    w = torch.randn(C, 4, generator=g)
+    xs = x.clone().requires_grad_(True)
+    y_s = cake_causal_conv1d_det(xs, w, cu_seqlens=cu_b, backend=backend)
+    y_s.backward(dy)
+    xl = ctx.shard(x).requires_grad_(True)
+    y = cake_causal_conv1d_det_kcp(xl, w, ctx, backend=backend)
+    y.backward(ctx.shard(dy))
+    idx = ctx.local_token_indices
+    assert torch.equal(y, y_s[idx]) and torch.equal(xl.grad, xs.grad[idx])
+    # A layout of another shape is refused, naming the table, and nothing is copied.
+    ctx_c = build_kcp_context(torch.tensor([0, 1000], dtype=torch.int32), layout="zigzag")
+    before = {k: v.clone() for k, v in ctx.device_tables().items()}
+    with pytest.raises(ValueError, match="local_cu_seqlens"):
+        ctx.load_layout_(ctx_c)
+    assert all(torch.equal(before[k], v) for k, v in ctx.device_tables().items())
+    return rank
+
+
+def test_load_layout_one_rank():
+    assert _layout_case(0, 1, "reference") == 0
+
+
+def test_load_layout_two_ranks_every_rank():
+    assert run_on_ranks(_layout_case, 2, "reference", timeout_s=120) == [0, 1]
