@@ -39,7 +39,7 @@ def compile_one(fn, sig, consts, num_warps, n_ptrs):
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
                         options={"num_warps": num_warps, "enable_fp_fusion": False})
     ptx = ck.asm["ptx"]
-    acc = collections.Counter(re.findall(r"\b((?:ld|st)\.(?:global|local)[\.\w]*|cp\.async\.cg[\.\w]*)", ptx))
+    acc = collections.Counter(re.findall(r"\b((?:ld|st)\.(?:global|local)[\.\w]*|cp\.async\.c[ag][\.\w]*)", ptx))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()

@@ -17,15 +17,16 @@ for step in "$@"; do
   case "$step" in
     tests) python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
     gputests) python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+    gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
     gputestsfast) python3 -m pytest -q -m gpu tests -p no:cacheprovider -k "not every_config" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     sweep) python3 benchmarks/sweep_configs.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
-    sweeppipe) python3 benchmarks/sweep_configs.py --passes fwd --only-pipelined --out "$OUT" 2>&1 | tee "$OUT/sweep_pipe.log" | tail -30 ;;
+    sweeppipe) python3 benchmarks/sweep_configs.py --passes fwd,bwd --only-pipelined --reps 10 --out "$OUT" 2>&1 | tee "$OUT/sweep_pipe.log" | tail -40 ;;
     sweepbwd) python3 benchmarks/sweep_configs.py --passes bwd --out "$OUT" 2>&1 | tee "$OUT/sweep_bwd.log" | tail -30 ;;
     ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
          "$NCU" --clock-control none -k 'regex:cake_conv_(fwd|bwd)_kernel' \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
            --section LaunchStats --section WarpStateStats --section SchedulerStats \
-           python3 benchmarks/ncu_profile.py --C 512,2048 > "$OUT/ncu.txt" 2>&1
+           python3 benchmarks/ncu_profile.py --C 512 > "$OUT/ncu.txt" 2>&1
          grep -E "cake_conv|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|forward|backward" "$OUT/ncu.txt" | head -80 ;;
     bench) python3 benchmarks/bench_cake_causal_conv1d_det.py --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -60 ;;
     benchquick) python3 benchmarks/bench_cake_causal_conv1d_det.py --quick --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -40 ;;

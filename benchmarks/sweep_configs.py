@@ -25,11 +25,13 @@ def fwd_candidates(C, only_pipelined=False):
 
 
 # With --only-pipelined, the v2 defaults are timed too, as the same-run reference.
-_REFERENCE_FWD = (tuning.FWD_CONFIGS[1], tuning.FWD_CONFIGS[2], tuning.FWD_CONFIGS[13])
+_REFERENCE_FWD = (tuning.FwdConfig(R=8, SUB=32, BC=128, num_warps=4),)
+_REFERENCE_BWD = (tuning.BwdConfig(R=4, BC=128, num_warps=4),)
 
 
-def bwd_candidates(C):
-    return [c for c in tuning.BWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))]
+def bwd_candidates(C, only_pipelined=False):
+    return [c for c in tuning.BWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))
+            and (not only_pipelined or c.stages > 1 or c in _REFERENCE_BWD)]
 
 
 def random_cu(S, seed, mean=3000):
@@ -73,7 +75,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--passes", default="fwd,bwd")
     ap.add_argument("--only-pipelined", action="store_true",
-                    help="forward: only the software-pipelined candidates (and the current defaults)")
+                    help="only the software-pipelined candidates (and the v2 defaults, as the same-run reference)")
     args = ap.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     bw = copy_bandwidth(flush)
@@ -100,7 +102,7 @@ def main():
                 rows.append(dict(pass_="fwd", C=C, cfg=str(cfg), ms=ms, frac=frac))
                 print(f"fwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
         if "bwd" in args.passes:
-            for cfg in bwd_candidates(C):
+            for cfg in bwd_candidates(C, args.only_pipelined):
                 fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
                 frac = 6 * S * C / ms / 1e6 / bw

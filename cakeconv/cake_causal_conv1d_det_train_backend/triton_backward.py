@@ -31,7 +31,6 @@ from .triton_common import (
     window_has_boundary,
     halo_tap,
     load_rows,
-    load_rows_raw,
     pairwise_sum_rows,
     search_iters,
     segment_of_rows,
@@ -50,7 +49,8 @@ LOG2_GROUP_BLOCK = 6
 def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, C, n_seg,
                seq_len, d_lo, d_hi, n_iter,
                HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr):
-    """g = dy * silu'(pre) for rows t; also (d, start, end) of their segments when MASKED."""
+    """g = dy * silu'(pre) for rows t; also (d, start, end) of their segments when MASKED, and the
+    taps a3, a2, a1 after the segment/halo rule (the x rows t-3..t-1 that pre read)."""
     if MASKED:
         d, start, end = segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU)
         pos = t - start
@@ -64,7 +64,7 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
     pre = conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0)
     s = sigmoid_f32(pre)
     g = dy * (s * (1.0 + pre * (1.0 - s)))
-    return g, d, start, end
+    return g, d, start, end, a3, a2, a1
 
 
 @triton.jit
@@ -87,22 +87,14 @@ def dx_rows(dx_ptr, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cm
 
 
 @triton.jit
-def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc1, acc2, acc3, accb,
-             w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-             HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr):
-    """dx of rows t from g[t..t+3]; adds row t's terms to the dweight/dbias accumulators."""
-    dx_rows(dx_ptr, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT, MASKED)
-    if MASKED:
-        pos = t - start
-        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
-        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
-        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
-    acc0 = tl.fma(g0, a3, acc0)
-    acc1 = tl.fma(g0, a2, acc1)
-    acc2 = tl.fma(g0, a1, acc2)
-    acc3 = tl.fma(g0, a0, acc3)
-    accb = accb + g0
+def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside):
+    """Add row terms g * x[t-3+k] and g to the dweight/dbias accumulators when ``inside`` (a
+    scalar: the row belongs to the program's leaves), else leave them untouched (exactly)."""
+    acc0 = tl.where(inside, tl.fma(g, a3, acc0), acc0)
+    acc1 = tl.where(inside, tl.fma(g, a2, acc1), acc1)
+    acc2 = tl.where(inside, tl.fma(g, a1, acc2), acc2)
+    acc3 = tl.where(inside, tl.fma(g, a0, acc3), acc3)
+    accb = tl.where(inside, accb + g, accb)
     return acc0, acc1, acc2, acc3, accb
 
 
@@ -110,115 +102,86 @@ def _bwd_row(dx_ptr, t, g0, g1, g2, g3, a3, a2, a1, a0, d, start, end, acc0, acc
 def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
              n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-             PREFETCH: tl.constexpr):
+             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf).
 
-    PREFETCH (0/1): the next step's eight rows are requested (kept in x's dtype) before this
-    step's arithmetic, so a warp has two steps of loads in flight (the caller's boundary window
-    then reaches 4 rows further).
+    Step i (rows t = rows0 + i .. t + 3) loads x and dy of rows t+3..t+6, computes g of those
+    rows and adds their dweight/dbias terms (rows inside the leaf only), then stores dx of rows
+    t..t+3 from g[t..t+6]. Rows are added to the accumulators in row order (rows0, rows0 + 1, ...),
+    the leaf's fixed order. A loaded row is used in its own step and the next one only: that is
+    what lets Triton software-pipeline the loop (loads via shared memory, ``STAGES`` deep); a row
+    kept two steps (the dweight window reading x[t-3] of rows loaded two steps earlier) stopped it.
     """
     n_iter = search_iters(d_hi - d_lo)
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
     xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
-    x0 = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED)
-    x1 = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED)
-    x2 = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED)
+    xa0 = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED)
+    xa1 = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED)
+    xa2 = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED)
     dy0 = load_rows(dy_ptr, rows0, sdy, cols, cmask, S, MASKED)
     dy1 = load_rows(dy_ptr, rows0 + 1, sdy, cols, cmask, S, MASKED)
     dy2 = load_rows(dy_ptr, rows0 + 2, sdy, cols, cmask, S, MASKED)
-    g0, d0, s0, e0 = bwd_g_rows(xm3, xm2, xm1, x0, dy0, rows0, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                HAS_CU, HAS_HIST, MASKED)
-    g1, d1, s1, e1 = bwd_g_rows(xm2, xm1, x0, x1, dy1, rows0 + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                HAS_CU, HAS_HIST, MASKED)
-    g2, d2, s2, e2 = bwd_g_rows(xm1, x0, x1, x2, dy2, rows0 + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                HAS_CU, HAS_HIST, MASKED)
     acc0 = tl.zeros([R, BC], dtype=tl.float32)
     acc1 = tl.zeros([R, BC], dtype=tl.float32)
     acc2 = tl.zeros([R, BC], dtype=tl.float32)
     acc3 = tl.zeros([R, BC], dtype=tl.float32)
     accb = tl.zeros([R, BC], dtype=tl.float32)
-    # Raw (x's dtype) rows of the next step, requested one step ahead when PREFETCH.
-    px3 = load_rows_raw(x_ptr, rows0 + 3, sx, cols, cmask, S, MASKED)
-    px4 = load_rows_raw(x_ptr, rows0 + 4, sx, cols, cmask, S, MASKED)
-    px5 = load_rows_raw(x_ptr, rows0 + 5, sx, cols, cmask, S, MASKED)
-    px6 = load_rows_raw(x_ptr, rows0 + 6, sx, cols, cmask, S, MASKED)
-    pdy3 = load_rows_raw(dy_ptr, rows0 + 3, sdy, cols, cmask, S, MASKED)
-    pdy4 = load_rows_raw(dy_ptr, rows0 + 4, sdy, cols, cmask, S, MASKED)
-    pdy5 = load_rows_raw(dy_ptr, rows0 + 5, sdy, cols, cmask, S, MASKED)
-    pdy6 = load_rows_raw(dy_ptr, rows0 + 6, sdy, cols, cmask, S, MASKED)
+    g0, d0, s0, e0, a3, a2, a1 = bwd_g_rows(xm3, xm2, xm1, xa0, dy0, rows0, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                            HAS_CU, HAS_HIST, MASKED)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g0, a3, a2, a1, xa0, True)
+    g1, d1, s1, e1, a3, a2, a1 = bwd_g_rows(xm2, xm1, xa0, xa1, dy1, rows0 + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                            HAS_CU, HAS_HIST, MASKED)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g1, a3, a2, a1, xa1, True)
+    g2, d2, s2, e2, a3, a2, a1 = bwd_g_rows(xm1, xa0, xa1, xa2, dy2, rows0 + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                            HAS_CU, HAS_HIST, MASKED)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g2, a3, a2, a1, xa2, True)
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
-        if PREFETCH:
-            x3 = px3.to(tl.float32)
-            x4 = px4.to(tl.float32)
-            x5 = px5.to(tl.float32)
-            x6 = px6.to(tl.float32)
-            dy3 = pdy3.to(tl.float32)
-            dy4 = pdy4.to(tl.float32)
-            dy5 = pdy5.to(tl.float32)
-            dy6 = pdy6.to(tl.float32)
-            tn = t + 7  # the last step reads rows up to p_last + 7 (in the boundary window), unused
-            px3 = load_rows_raw(x_ptr, tn, sx, cols, cmask, S, MASKED)
-            px4 = load_rows_raw(x_ptr, tn + 1, sx, cols, cmask, S, MASKED)
-            px5 = load_rows_raw(x_ptr, tn + 2, sx, cols, cmask, S, MASKED)
-            px6 = load_rows_raw(x_ptr, tn + 3, sx, cols, cmask, S, MASKED)
-            pdy3 = load_rows_raw(dy_ptr, tn, sdy, cols, cmask, S, MASKED)
-            pdy4 = load_rows_raw(dy_ptr, tn + 1, sdy, cols, cmask, S, MASKED)
-            pdy5 = load_rows_raw(dy_ptr, tn + 2, sdy, cols, cmask, S, MASKED)
-            pdy6 = load_rows_raw(dy_ptr, tn + 3, sdy, cols, cmask, S, MASKED)
-        else:
-            x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
-            x4 = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
-            x5 = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
-            x6 = load_rows(x_ptr, t + 6, sx, cols, cmask, S, MASKED)
-            dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, MASKED)
-            dy4 = load_rows(dy_ptr, t + 4, sdy, cols, cmask, S, MASKED)
-            dy5 = load_rows(dy_ptr, t + 5, sdy, cols, cmask, S, MASKED)
-            dy6 = load_rows(dy_ptr, t + 6, sdy, cols, cmask, S, MASKED)
-        g3, d3, s3, e3 = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HIST, MASKED)
-        acc0, acc1, acc2, acc3, accb = _bwd_row(
-            dx_ptr, t, g0, g1, g2, g3, xm3, xm2, xm1, x0, d0, s0, e0, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
-        g4, d4, s4, e4 = bwd_g_rows(x1, x2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HIST, MASKED)
-        acc0, acc1, acc2, acc3, accb = _bwd_row(
-            dx_ptr, t + 1, g1, g2, g3, g4, xm2, xm1, x0, x1, d1, s1, e1, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
-        g5, d5, s5, e5 = bwd_g_rows(x2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HIST, MASKED)
-        acc0, acc1, acc2, acc3, accb = _bwd_row(
-            dx_ptr, t + 2, g2, g3, g4, g5, xm1, x0, x1, x2, d2, s2, e2, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
-        g6, d6, s6, e6 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                    cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                    HAS_CU, HAS_HIST, MASKED)
-        acc0, acc1, acc2, acc3, accb = _bwd_row(
-            dx_ptr, t + 3, g3, g4, g5, g6, x0, x1, x2, x3, d3, s3, e3, acc0, acc1, acc2, acc3, accb,
-            w0, w1, w2, w3, hist_ptr, fut_ptr, cols, cmask, sdx, S, C, n_seg, HAS_HIST, HAS_FUT, MASKED)
-        xm3 = x1
-        xm2 = x2
-        xm1 = x3
-        x0 = x4
-        x1 = x5
-        x2 = x6
+        x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
+        x4 = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
+        x5 = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
+        x6 = load_rows(x_ptr, t + 6, sx, cols, cmask, S, MASKED)
+        dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, MASKED)
+        dy4 = load_rows(dy_ptr, t + 4, sdy, cols, cmask, S, MASKED)
+        dy5 = load_rows(dy_ptr, t + 5, sdy, cols, cmask, S, MASKED)
+        dy6 = load_rows(dy_ptr, t + 6, sdy, cols, cmask, S, MASKED)
+        g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                                HAS_CU, HAS_HIST, MASKED)
+        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB)
+        g4, d4, s4, e4, a3, a2, a1 = bwd_g_rows(xa1, xa2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                                HAS_CU, HAS_HIST, MASKED)
+        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB)
+        g5, d5, s5, e5, a3, a2, a1 = bwd_g_rows(xa2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                                HAS_CU, HAS_HIST, MASKED)
+        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB)
+        g6, d6, s6, e6, a3, a2, a1 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
+                                                HAS_CU, HAS_HIST, MASKED)
+        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
+        dx_rows(dx_ptr, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+                HAS_FUT, MASKED)
+        dx_rows(dx_ptr, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+                HAS_FUT, MASKED)
+        dx_rows(dx_ptr, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+                HAS_FUT, MASKED)
+        dx_rows(dx_ptr, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+                HAS_FUT, MASKED)
+        xa0 = x4
+        xa1 = x5
+        xa2 = x6
         g0 = g4
         g1 = g5
         g2 = g6
         d0 = d4
         d1 = d5
         d2 = d6
-        s0 = s4
-        s1 = s5
-        s2 = s6
         e0 = e4
         e1 = e5
         e2 = e6
@@ -230,7 +193,7 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
                          S, C8, sx8, sdy8, sdx8, n_seg, seq_len,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
                          R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
-                         STAGES: tl.constexpr, PREFETCH: tl.constexpr = 0):
+                         STAGES: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB), cdiv(C, BC)). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
@@ -252,17 +215,17 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     p_last = p0 + R * SUB - 1
     rows0 = p0 + tl.arange(0, R) * SUB
     # Taps reach 3 rows back, the g look-ahead 3 rows forward.
-    n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - 3, p_last + 3 + 4 * PREFETCH, seq_len, HAS_CU)
+    n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - 3, p_last + 3, seq_len, HAS_CU)
     if masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU) - 1
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC, STAGES, PREFETCH)
+            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC, STAGES)
     else:
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC, STAGES, PREFETCH)
+            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC, STAGES)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)
@@ -356,7 +319,7 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     a0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
     dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, True)
     n_iter = search_iters(n_seg - 1)
-    g, d, start, end = bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    g, d, start, end, _, _, _ = bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                   C, n_seg, S, 0, n_seg - 1, n_iter, True, True, True)
     offs = i.to(tl.int64)[:, None] * C + cols[None, :]
     tl.store(g_ptr + offs, g, mask=imask[:, None] & cmask[None, :])
@@ -394,13 +357,13 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, True)
     n_iter = search_iters(n_seg - 1)
     d_hi = n_seg - 1
-    g0, d0, s0, e0 = bwd_g_rows(xm3, xm2, xm1, x0, dy0, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    g0, d0, s0, e0, _, _, _ = bwd_g_rows(xm3, xm2, xm1, x0, dy0, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                 C, n_seg, S, 0, d_hi, n_iter, True, True, True)
-    g1, d1, s1, e1 = bwd_g_rows(xm2, xm1, x0, x1, dy1, t + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    g1, d1, s1, e1, _, _, _ = bwd_g_rows(xm2, xm1, x0, x1, dy1, t + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                 C, n_seg, S, 0, d_hi, n_iter, True, True, True)
-    g2, d2, s2, e2 = bwd_g_rows(xm1, x0, x1, x2, dy2, t + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    g2, d2, s2, e2, _, _, _ = bwd_g_rows(xm1, x0, x1, x2, dy2, t + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                 C, n_seg, S, 0, d_hi, n_iter, True, True, True)
-    g3, d3, s3, e3 = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    g3, d3, s3, e3, _, _, _ = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                 C, n_seg, S, 0, d_hi, n_iter, True, True, True)
     dx_rows(dx_ptr, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
             True, True)

@@ -90,21 +90,14 @@ def segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU: tl.co
 
 
 @triton.jit
-def load_rows_raw(ptr, t, stride, cols, cmask, S, ROWMASK: tl.constexpr):
-    """Tile [R, BC] of rows t (int32 [R]) in the pointer's dtype; rows outside [0, S) read as zero
-    if ROWMASK. (Kept unconverted while in flight: half the registers of FP32 for bf16.)"""
+def load_rows(ptr, t, stride, cols, cmask, S, ROWMASK: tl.constexpr):
+    """FP32 tile [R, BC] of rows t (int32 [R]); rows outside [0, S) read as zero if ROWMASK."""
     offs = t.to(tl.int64)[:, None] * stride + cols[None, :]
     if ROWMASK:
         m = ((t >= 0) & (t < S))[:, None] & cmask[None, :]
     else:
         m = cmask[None, :]
-    return tl.load(ptr + offs, mask=m, other=0.0)
-
-
-@triton.jit
-def load_rows(ptr, t, stride, cols, cmask, S, ROWMASK: tl.constexpr):
-    """FP32 tile [R, BC] of rows t (int32 [R]); rows outside [0, S) read as zero if ROWMASK."""
-    return load_rows_raw(ptr, t, stride, cols, cmask, S, ROWMASK).to(tl.float32)
+    return tl.load(ptr + offs, mask=m, other=0.0).to(tl.float32)
 
 
 @triton.jit

@@ -100,7 +100,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
         hist_NHC if hist_NHC is not None else dummy, fut_NHC if fut_NHC is not None else dummy,
         ws_nodes, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, n_seg, T,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
-        HAS_FUT=fut_NHC is not None, R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, STAGES=cfg.stages, PREFETCH=cfg.prefetch,
+        HAS_FUT=fut_NHC is not None, R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, STAGES=cfg.stages,
         num_warps=cfg.num_warps, **_NO_FUSION,
     )
     M = TREE_LEAVES // R

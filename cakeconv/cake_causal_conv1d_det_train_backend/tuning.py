@@ -36,14 +36,12 @@ class BwdConfig:
     """R leaves (of triton_backward.BWD_SUB rows) side by side, BC channels, num_warps warps.
 
     stages: software-pipelining depth of the row loop (1: none; > 1: loads via shared memory).
-    prefetch (0/1): request the next step's rows before the current step's arithmetic.
     """
 
     R: int
     BC: int
     num_warps: int
     stages: int = 1
-    prefetch: int = 0
 
 
 FWD_CONFIGS = (
@@ -62,31 +60,28 @@ FWD_CONFIGS = (
     FwdConfig(R=1, SUB=256, BC=1024, num_warps=4),
     FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, prefetch=1),
     FwdConfig(R=2, SUB=128, BC=512, num_warps=4, prefetch=1),
-    # Software-pipelined row loops (cp.async into shared memory; compile_report.py shows it only
-    # for 8 elements per thread). Not yet timed on the H200: candidates for the next sweep.
+    # Software-pipelined row loops (cp.async into shared memory), v3.
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3),
     FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4),
     FwdConfig(R=2, SUB=64, BC=512, num_warps=4, stages=4),
     FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3),
+    FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=3),
+    FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4),
+    FwdConfig(R=4, SUB=64, BC=256, num_warps=4, stages=4),
 )
 
 BWD_CONFIGS = (
-    BwdConfig(R=16, BC=64, num_warps=4),
-    BwdConfig(R=16, BC=64, num_warps=8),
     BwdConfig(R=8, BC=64, num_warps=4),
-    BwdConfig(R=8, BC=128, num_warps=4),
-    BwdConfig(R=8, BC=128, num_warps=8),
-    BwdConfig(R=4, BC=128, num_warps=4),
-    BwdConfig(R=4, BC=256, num_warps=4),
-    BwdConfig(R=4, BC=256, num_warps=8),
+    BwdConfig(R=4, BC=128, num_warps=4),  # the v2 default: 0.37 / 0.47 / 0.53 at C = 128 / 512 / 2048
     BwdConfig(R=2, BC=512, num_warps=8),
-    BwdConfig(R=8, BC=256, num_warps=8),
-    # Prefetch candidates (v3; not yet timed on the H200).
-    BwdConfig(R=4, BC=128, num_warps=4, prefetch=1),
-    BwdConfig(R=2, BC=128, num_warps=2, prefetch=1),
-    BwdConfig(R=4, BC=64, num_warps=2, prefetch=1),
-    BwdConfig(R=2, BC=256, num_warps=4, prefetch=1),
-    BwdConfig(R=8, BC=128, num_warps=8, prefetch=1),
+    # Software-pipelined row loops (v4: loads through shared memory with cp.async, STAGES deep).
+    BwdConfig(R=4, BC=128, num_warps=4, stages=2),
+    BwdConfig(R=4, BC=128, num_warps=4, stages=3),
+    BwdConfig(R=4, BC=128, num_warps=4, stages=4),
+    BwdConfig(R=8, BC=64, num_warps=4, stages=3),
+    BwdConfig(R=2, BC=128, num_warps=2, stages=3),
+    BwdConfig(R=2, BC=256, num_warps=4, stages=3),
+    BwdConfig(R=8, BC=128, num_warps=4, stages=3),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.
@@ -94,26 +89,33 @@ FWD_INTERPRET = FwdConfig(R=2, SUB=8, BC=16, num_warps=1)
 BWD_INTERPRET = BwdConfig(R=2, BC=16, num_warps=1)
 
 
+_FWD_SMALL = FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3)
+_FWD_MID = FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4)
+_FWD_WIDE = FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3)
+_BWD_SMALL = BwdConfig(R=8, BC=64, num_warps=4)
+_BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=3)
+
+
 def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
     """Forward configuration for C channels: the fastest of FWD_CONFIGS in the H200 sweep
-    (benchmarks/NOTES.md, forward v2) at the nearest measured C."""
+    (benchmarks/NOTES.md, forward v3) at the nearest measured C."""
     if interpret:
         return FWD_INTERPRET
-    if C <= 128:
-        return FWD_CONFIGS[1]  # 0.54 of copy bandwidth at C = 128
-    if C % 1024 == 0:
-        return FWD_CONFIGS[13]  # 0.75-0.76 at C = 2048, 8192
-    return FWD_CONFIGS[2]  # 0.65 at C = 512, 0.70 at C = 2048 (128-channel blocks: no idle lanes)
+    if C <= 512:
+        return _FWD_SMALL  # 0.56 of copy bandwidth at C = 128, 0.75 at 512
+    if C >= 4096 and C % 1024 == 0:
+        return _FWD_WIDE  # 0.88 at C = 8192
+    return _FWD_MID  # 0.85 at C = 2048 and 8192 (128-channel blocks: no idle lanes at any C % 128)
 
 
 def pick_bwd_config(C: int, itemsize: int, interpret: bool) -> BwdConfig:
     """Backward configuration for C channels: the fastest of BWD_CONFIGS in the H200 sweep
-    (benchmarks/NOTES.md, backward v2)."""
+    (benchmarks/NOTES.md, backward v4)."""
     if interpret:
         return BWD_INTERPRET
     if C <= 64:
-        return BWD_CONFIGS[2]
-    return BWD_CONFIGS[5]  # 0.38 (C = 128), 0.42 (512), 0.51 (2048), 0.52 (8192)
+        return _BWD_SMALL
+    return _BWD
 
 
 def cdiv(a: int, b: int) -> int:
