@@ -17,6 +17,8 @@ for step in "$@"; do
   case "$step" in
     tests) python3 -m pytest -q tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25 ;;
     gputests) python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+    gpumodule) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_module.log" | tail -8 ;;
+    gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
     gputestsfast) python3 -m pytest -q -m gpu tests -p no:cacheprovider -k "not every_config" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     sweep) python3 benchmarks/sweep_configs.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
@@ -29,6 +31,11 @@ for step in "$@"; do
            python3 benchmarks/ncu_profile.py --C 512 > "$OUT/ncu.txt" 2>&1
          grep -E "cake_conv|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|forward|backward" "$OUT/ncu.txt" | head -80 ;;
     bench) python3 benchmarks/bench_cake_causal_conv1d_det.py --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -60 ;;
+    benchsplit) mkdir -p "$OUT/bench_ours" "$OUT/bench_peers"
+         # the whole grid for ours (fast), then the peers on five shapes (FLA autotunes ~20 s per new shape)
+         python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --out "$OUT/bench_ours" 2>"$OUT/bench_ours/progress.log" | tee "$OUT/bench_ours/bench.log" | tail -60
+         python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours,fla --bias no --rows 250340x128,250340x512,250340x1024,250340x2048,250340x8192 \
+           --out "$OUT/bench_peers" 2>"$OUT/bench_peers/progress.log" | tee "$OUT/bench_peers/bench.log" | tail -30 ;;
     benchquick) python3 benchmarks/bench_cake_causal_conv1d_det.py --quick --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -40 ;;
     *) echo "unknown step $step" ;;
   esac

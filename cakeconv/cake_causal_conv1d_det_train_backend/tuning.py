@@ -45,42 +45,27 @@ class BwdConfig:
 
 
 FWD_CONFIGS = (
-    FwdConfig(R=16, SUB=16, BC=128, num_warps=4),
+    # v2 (no software pipelining): the references of the v3 sweep.
     FwdConfig(R=16, SUB=16, BC=128, num_warps=4, prefetch=1),
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4),
-    FwdConfig(R=8, SUB=32, BC=128, num_warps=4, prefetch=1),
-    FwdConfig(R=8, SUB=16, BC=64, num_warps=2),
-    FwdConfig(R=4, SUB=32, BC=256, num_warps=4),
-    FwdConfig(R=4, SUB=32, BC=256, num_warps=4, prefetch=1),
-    FwdConfig(R=2, SUB=64, BC=512, num_warps=4),
-    FwdConfig(R=2, SUB=64, BC=512, num_warps=4, prefetch=1),
-    FwdConfig(R=1, SUB=64, BC=1024, num_warps=4),
-    FwdConfig(R=1, SUB=64, BC=1024, num_warps=4, prefetch=1),
-    FwdConfig(R=1, SUB=128, BC=1024, num_warps=4),
-    FwdConfig(R=1, SUB=256, BC=1024, num_warps=4),
-    FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, prefetch=1),
-    FwdConfig(R=2, SUB=128, BC=512, num_warps=4, prefetch=1),
-    # Software-pipelined row loops (cp.async into shared memory), v3.
+    # v3: software-pipelined row loops (cp.async into shared memory, `stages` deep).
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3),
+    FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4),
     FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4),
     FwdConfig(R=2, SUB=64, BC=512, num_warps=4, stages=4),
     FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3),
-    FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=3),
-    FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4),
     FwdConfig(R=4, SUB=64, BC=256, num_warps=4, stages=4),
 )
 
 BWD_CONFIGS = (
-    BwdConfig(R=8, BC=64, num_warps=4),
-    BwdConfig(R=4, BC=128, num_warps=4),  # the v2 default: 0.37 / 0.47 / 0.53 at C = 128 / 512 / 2048
-    BwdConfig(R=2, BC=512, num_warps=8),
-    # Software-pipelined row loops (v4: loads through shared memory with cp.async, STAGES deep).
+    # v2 (not pipelined): the reference of the v4 sweep.
+    BwdConfig(R=4, BC=128, num_warps=4),
+    # v4: software-pipelined row loops (loads through shared memory with cp.async, `stages` deep).
     BwdConfig(R=4, BC=128, num_warps=4, stages=2),
     BwdConfig(R=4, BC=128, num_warps=4, stages=3),
     BwdConfig(R=4, BC=128, num_warps=4, stages=4),
     BwdConfig(R=8, BC=64, num_warps=4, stages=3),
     BwdConfig(R=2, BC=128, num_warps=2, stages=3),
-    BwdConfig(R=2, BC=256, num_warps=4, stages=3),
     BwdConfig(R=8, BC=128, num_warps=4, stages=3),
 )
 
@@ -89,11 +74,13 @@ FWD_INTERPRET = FwdConfig(R=2, SUB=8, BC=16, num_warps=1)
 BWD_INTERPRET = BwdConfig(R=2, BC=16, num_warps=1)
 
 
-_FWD_SMALL = FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3)
+_FWD_SMALL = FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4)
 _FWD_MID = FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4)
 _FWD_WIDE = FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3)
-_BWD_SMALL = BwdConfig(R=8, BC=64, num_warps=4)
-_BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=3)
+_BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
+_BWD_SMALL = BwdConfig(R=8, BC=128, num_warps=4, stages=3)
+_BWD_MID = BwdConfig(R=4, BC=128, num_warps=4, stages=3)
+_BWD_WIDE = BwdConfig(R=4, BC=128, num_warps=4, stages=4)
 
 
 def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
@@ -102,7 +89,7 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
     if interpret:
         return FWD_INTERPRET
     if C <= 512:
-        return _FWD_SMALL  # 0.56 of copy bandwidth at C = 128, 0.75 at 512
+        return _FWD_SMALL  # 0.54 of copy bandwidth at C = 128, 0.78 at 512
     if C >= 4096 and C % 1024 == 0:
         return _FWD_WIDE  # 0.88 at C = 8192
     return _FWD_MID  # 0.85 at C = 2048 and 8192 (128-channel blocks: no idle lanes at any C % 128)
@@ -114,8 +101,12 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool) -> BwdConfig:
     if interpret:
         return BWD_INTERPRET
     if C <= 64:
-        return _BWD_SMALL
-    return _BWD
+        return _BWD_TINY
+    if C <= 128:
+        return _BWD_SMALL  # 0.40 at C = 128
+    if C <= 1024:
+        return _BWD_MID  # 0.60 at C = 512
+    return _BWD_WIDE  # 0.61 at C = 2048, 0.66 at 8192
 
 
 def cdiv(a: int, b: int) -> int:
