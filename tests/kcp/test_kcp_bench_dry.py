@@ -1,0 +1,96 @@
+"""The KCP benchmark's --dry-run on 2 CPU ranks over gloo (tier 3): what CI runs of issue 7.
+
+benchmarks/bench_cake_causal_conv1d_det_kcp.py is launched with torchrun on the GPU machine; here its
+``run(argv)`` is called inside the ranks of the test harness (tests/kcp/_dist.py), which have already
+initialised gloo, so the benchmark must use that process group instead of initialising its own.
+Checked on every rank: each (layout, form) row reports bitwise equality of the KCP y and dx with the
+single-rank op; rank 0 wrote the JSON-lines file with 3 layouts x 2 forms timing rows. A second run
+breaks the KCP op's y on rank 1 only and checks that every rank reports that failure (so a
+``bitwise`` column of True is a verdict, not a constant).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from ._dist import run_on_ranks
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH_PATH = os.path.join(REPO_ROOT, "benchmarks", "bench_cake_causal_conv1d_det_kcp.py")
+LAYOUTS = ("contiguous", "zigzag", "zigzag_per_document")
+FORMS = ("single", "multi")
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_cake_causal_conv1d_det_kcp", BENCH_PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _dry_run_on_rank(rank, world, out_dir):
+    """Run the dry run; every rank checks its rows, rank 0 also the file. Returns picklable data."""
+    rows = _load_bench().run(["--dry-run", "--out", out_dir])
+    summary = sorted((r["layout"], r["form"], r["P"], r["bitwise"]) for r in rows)
+    assert summary == sorted((layout, form, world, True) for layout in LAYOUTS for form in FORMS), \
+        f"rank {rank}: rows {summary}"
+    written = None
+    if rank == 0:
+        lines = _read_jsonl(os.path.join(out_dir, f"bench_cake_causal_conv1d_det_kcp_p{world}.jsonl"))
+        assert lines[0]["kind"] == "env" and lines[0]["gpu"] == "cpu", lines[0]
+        written = sorted((r["layout"], r["form"], r["P"], r["bitwise"]) for r in lines if r["kind"] == "timing")
+        for r in lines[1:]:
+            # the timings are real numbers and the overhead is derived from them
+            assert r["fwdbwd_ms"] > 0 and r["local_fwdbwd_ms"] > 0, r
+            expected = 100.0 * (r["fwdbwd_ms"] - r["local_fwdbwd_ms"]) / r["local_fwdbwd_ms"]
+            assert abs(r["overhead_pct"] - expected) < 1e-9, r
+            assert r["T"] == sum(r["doc_lengths"]) and r["S_local"] * world == r["T"], r
+            for n in r["doc_lengths"] if r["layout"] == "zigzag_per_document" else [r["T"]]:
+                assert n % (2 * world) == 0, r
+        assert os.path.exists(os.path.join(out_dir, f"bench_cake_causal_conv1d_det_kcp_p{world}.csv"))
+    return summary, written
+
+
+def _broken_on_rank(rank, world, out_dir):
+    """The same dry run with the single-tensor KCP op's y shifted on rank 1: every rank must see it."""
+    import cakeconv
+
+    good = cakeconv.cake_causal_conv1d_det_kcp
+
+    def shifted(*args, **kwargs):
+        y = good(*args, **kwargs)
+        return y + 1.0 if rank == 1 else y
+
+    cakeconv.cake_causal_conv1d_det_kcp = shifted
+    try:
+        rows = _load_bench().run(["--dry-run", "--layouts", "zigzag", "--out", out_dir])
+    finally:
+        cakeconv.cake_causal_conv1d_det_kcp = good
+    return sorted((r["form"], r["bitwise"], tuple(r["bitwise_failed_ranks"])) for r in rows)
+
+
+@pytest.mark.dist
+def test_kcp_bench_dry_run_bitwise_and_files(tmp_path):
+    out_dir = str(tmp_path / "kcpbench")
+    results = run_on_ranks(_dry_run_on_rank, 2, out_dir, timeout_s=60)
+    expected = sorted((layout, form, 2, True) for layout in LAYOUTS for form in FORMS)
+    for rank, (summary, written) in enumerate(results):
+        assert summary == expected, f"rank {rank}"
+    assert results[0][1] == expected
+    assert results[1][1] is None  # only rank 0 writes
+
+
+@pytest.mark.dist
+def test_kcp_bench_dry_run_reports_a_mismatch_on_every_rank(tmp_path):
+    results = run_on_ranks(_broken_on_rank, 2, str(tmp_path / "broken"), timeout_s=60)
+    for rank, rows in enumerate(results):
+        assert rows == [("multi", True, ()), ("single", False, (1,))], f"rank {rank}: {rows}"
