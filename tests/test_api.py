@@ -217,3 +217,16 @@ def test_bad_buffers_raise():
         cake_causal_conv1d_det_train_backward(x, x, w, b, cu, dweight_dtype=torch.int32)
     with pytest.raises(ValueError, match="S and C"):
         cake_causal_conv1d_det_train_backward_workspace_bytes(-1, 8)
+
+
+def test_api_reference_is_up_to_date():
+    """docs/api.md is what docs/gen_api.py generates from the docstrings (run it after an API change)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(repo / "docs" / "gen_api.py"), "--check"], capture_output=True, text=True,
+                          cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.returncode == 0, done.stdout + done.stderr

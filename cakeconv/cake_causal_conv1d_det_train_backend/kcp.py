@@ -37,7 +37,7 @@ from . import checks, kcp_custom_ops
 from .kcp_context import KcpContext, ObjectRegistry
 from .kcp_exchange import start_halo_exchange
 from .ops import _rows
-from .reference import reference_backward, reference_forward
+from .reference import reference_dx, reference_forward, reference_g_dw
 from .triton_launch import (
     backward_workspace_floats,
     triton_backward,
@@ -239,15 +239,17 @@ def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None
     cu = ctx.local_cu_seqlens
     fut_rows = ctx.fut_rows
     # 1. g of the rows other fragments look ahead into (same arithmetic as the main kernel).
-    g_sends = []
+    g_sends, ref_parts = [], []
     for x_SC, dy_SC, w, b, hist in zip(x_rows, dy_rows, weights, biases, hists):
         if be == "triton":
             g_FC = torch.empty((fut_rows.numel(), x_SC.shape[1]), dtype=torch.float32, device=x_SC.device)
             if S > 0:
                 triton_head_g(dy_SC, x_SC, w, b, cu, hist, fut_rows, g_FC)
         else:
-            _, _, _, g_SC = reference_backward(dy_SC, x_SC, w, b, cu, hist_NHC=hist)
-            g_FC = g_SC.index_select(0, fut_rows)
+            # g, dweight and dbias need no look-ahead: computed once; only dx waits for fut.
+            parts = reference_g_dw(dy_SC, x_SC, w, b, cu, hist_NHC=hist)
+            ref_parts.append(parts)
+            g_FC = parts[0].index_select(0, fut_rows)
         g_sends.append(g_FC)
     # 2. ONE future exchange for all tensors; on the Triton backend it flies during step 3.
     pending = start_halo_exchange(torch.cat(g_sends, 1), ctx.fut_exchange, ctx.num_slots, ctx.group)
@@ -267,9 +269,8 @@ def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None
                 ws = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=x.device)
                 triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist)
             else:
-                fut = futs[i]
-                dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w, b, cu, hist_NHC=hist, fut_NHC=fut)
-                dx_SC.copy_(dx32)
+                g32, dw32, db32, w32, d_S = ref_parts[i]
+                dx_SC.copy_(reference_dx(g32, w32, d_S, cu, fut_NHC=futs[i]))
                 dw.copy_(dw32)
                 if db is not None:
                     db.copy_(db32)

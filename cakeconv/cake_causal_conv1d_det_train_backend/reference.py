@@ -109,20 +109,34 @@ def reference_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len=None, out_SC=None, hi
 
 def reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len=None, hist_NHC=None, fut_NHC=None):
     """(dx[S, C] FP32, dw[C, 4] FP32, db[C] FP32, g[S, C] FP32)."""
+    g, dw, db, w32, d_S = reference_g_dw(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, hist_NHC)
+    return reference_dx(g, w32, d_S, cu_seqlens, seq_len, fut_NHC), dw, db, g
+
+
+def reference_g_dw(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len=None, hist_NHC=None):
+    """The parts of the backward that need no look-ahead halo: (g, dw, db, w in the compute dtype,
+    segment of each row). KCP computes them once, sends rows of g, then calls ``reference_dx``."""
     x32, w32, d_S, pos_S, taps, pre = _prologue(x_SC, w_CW, b_C, cu_seqlens, seq_len, hist_NHC)
-    S, C = x_SC.shape
     s = _sigmoid(pre)
     g = dy_SC.to(x32.dtype) * (s * (1.0 + pre * (1.0 - s)))
-    # dx: g of rows t+1..t+3 of the same segment, else the halo (or zero).
+    dw = torch.stack([tree_sum_rows(g * xk) for xk in taps + [x32]], 1)
+    db = tree_sum_rows(g)
+    return g, dw, db, w32, d_S
+
+
+def reference_dx(g_SC, w32_CW, d_S, cu_seqlens, seq_len=None, fut_NHC=None):
+    """dx[t] = sum_k w[3 - k] g[t + k]: g of rows t+1..t+3 of the same segment, else the halo (or zero)."""
+    S, C = g_SC.shape
+    device = g_SC.device
     if cu_seqlens is None:
         T = seq_len if seq_len else max(S, 1)
         seg_end_S = (d_S + 1) * T
     else:
-        cu = cu_seqlens.to(device=x_SC.device, dtype=torch.int64)
+        cu = cu_seqlens.to(device=device, dtype=torch.int64)
         seg_end_S = cu[d_S + 1] if S > 0 else d_S
-    t_S = torch.arange(S, device=x_SC.device, dtype=torch.int64)
-    gp = torch.cat([g, g.new_zeros(3, C)], 0)
-    dx = w32[:, 3] * g
+    t_S = torch.arange(S, device=device, dtype=torch.int64)
+    gp = torch.cat([g_SC, g_SC.new_zeros(3, C)], 0)
+    dx = w32_CW[:, 3] * g_SC
     for k in (1, 2, 3):
         ahead = gp[k:k + S]
         inside = (t_S + k < seg_end_S).unsqueeze(1)
@@ -130,8 +144,6 @@ def reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len=None, hist_NH
             gk = torch.where(inside, ahead, torch.zeros_like(ahead))
         else:
             j = (t_S + k - seg_end_S).clamp(0, 2)
-            gk = torch.where(inside, ahead, fut_NHC.to(g.dtype)[d_S, j])
-        dx = dx + w32[:, 3 - k] * gk
-    dw = torch.stack([tree_sum_rows(g * xk) for xk in taps + [x32]], 1)
-    db = tree_sum_rows(g)
-    return dx, dw, db, g
+            gk = torch.where(inside, ahead, fut_NHC.to(g_SC.dtype)[d_S, j])
+        dx = dx + w32_CW[:, 3 - k] * gk
+    return dx

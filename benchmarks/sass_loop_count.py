@@ -1,0 +1,79 @@
+"""SASS instructions per element in the row loops of the default forward and backward kernels.
+
+Compiles the kernels for sm_90 on any machine (no GPU), disassembles them with the cuobjdump that
+Triton ships, finds the two largest loops (backward branches: the masked and the unmasked row
+loop) and divides their instruction counts by the elements a thread handles per loop step. The
+unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md (v5 candidate).
+
+    python benchmarks/sass_loop_count.py
+"""
+
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import triton  # noqa: E402
+from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, TARGET  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning  # noqa: E402
+
+ROWS_PER_STEP = 4
+
+
+def sass_and_regs(fn, sig, consts, num_warps, n_ptrs):
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)}
+    ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
+                        options={"num_warps": num_warps, "enable_fp_fusion": False})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([CUOBJDUMP, "--dump-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    return sass, int(re.search(r"REG:(\d+)", res).group(1))
+
+
+def largest_loops(sass, n=2):
+    """The n largest backward-branch regions, each a list of (address, instruction)."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    loops = []
+    for addr, text in ins:
+        target = re.search(r"BRA.*0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr:
+            loops.append([x for x in ins if int(target.group(1), 16) <= x[0] <= addr])
+    return sorted(loops, key=len, reverse=True)[:n]
+
+
+def report(name, sass, regs, elems_per_step):
+    masked, unmasked = largest_loops(sass)
+    ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for _, t in unmasked)
+    mix = ", ".join(f"{k} {v / elems_per_step:.1f}" for k, v in ops.most_common(8))
+    print(f"{name}: {regs} registers; per element: unmasked loop {len(unmasked) / elems_per_step:.1f}, "
+          f"masked loop {len(masked) / elems_per_step:.1f} instructions ({mix})")
+
+
+def main():
+    cfg = tuning.pick_fwd_config(512, 2, False)
+    sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
+                               {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
+                                "BC": cfg.BC, "PREFETCH": cfg.prefetch, "STAGES": cfg.stages}, cfg.num_warps, 6)
+    report(f"forward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
+    cfg = tuning.pick_bwd_config(512, 2, False)
+    sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG,
+                               {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
+                                "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
+                                "STAGES": cfg.stages}, cfg.num_warps, 9)
+    report(f"backward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
