@@ -17,12 +17,13 @@ import triton.language as tl
 
 from .triton_common import (
     conv_pre,
-    listed_rows,
     load_taps,
     count_bounds_le,
     window_has_boundary,
     halo_tap,
     load_rows,
+    load_window,
+    row_list_setup,
     search_iters,
     segment_of_rows,
     sigmoid_f32,
@@ -143,17 +144,10 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     them with the same helpers and FMA sequence (same bits as a single-rank run).
     Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
     """
-    pid_c = tl.program_id(1)
-    C = C8 * 8
+    C, cols, cmask, b, w0, w1, w2, w3, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8,
+                                                                    HAS_BIAS, RB, BC)
     sx = sx8.to(tl.int64) * 8
     sy = sy8.to(tl.int64) * 8
-    cols = pid_c * BC + tl.arange(0, BC)
-    cmask = cols < C
-    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
-    i, imask, t = listed_rows(rows_ptr, n_rows, S, RB)
-    a3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
-    a2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
-    a1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
-    a0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
+    a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     _fwd_row(y_ptr, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
              n_seg, S, 0, n_seg - 1, search_iters(n_seg - 1), True, True, True)
