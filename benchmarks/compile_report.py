@@ -25,7 +25,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 FWD_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "cu_ptr": "*i32",
            "hist_ptr": "*bf16", "S": "i32", "C8": "i32", "sx8": "i32", "sy8": "i32", "n_seg": "i32",
            "seq_len": "i32", "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr",
-           "R": "constexpr", "SUB": "constexpr", "BC": "constexpr", "PREFETCH": "constexpr",
+           "R": "constexpr", "SUB": "constexpr", "BC": "constexpr",
            "STAGES": "constexpr"}
 BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32",
            "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
@@ -53,7 +53,7 @@ def main():
     rows = []
     for cfg in tuning.FWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB, "BC": cfg.BC,
-                  "PREFETCH": cfg.prefetch, "STAGES": cfg.stages}
+                  "STAGES": cfg.stages}
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg.num_warps, 6))
     for cfg in tuning.BWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,

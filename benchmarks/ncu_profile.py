@@ -13,14 +13,7 @@ import sys
 import torch
 
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
-
-
-def random_cu(S, seed, mean=3000):
-    g = torch.Generator().manual_seed(seed)
-    cuts = [0]
-    while cuts[-1] < S:
-        cuts.append(min(S, cuts[-1] + int(torch.randint(1, 2 * mean, (), generator=g))))
-    return torch.tensor(cuts, dtype=torch.int32, device="cuda")
+from sweep_configs import random_cu  # the same document mix as the sweep (benchmarks/ is on sys.path)
 
 
 def main():

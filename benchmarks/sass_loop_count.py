@@ -64,7 +64,7 @@ def main():
     cfg = tuning.pick_fwd_config(512, 2, False)
     sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
                                {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
-                                "BC": cfg.BC, "PREFETCH": cfg.prefetch, "STAGES": cfg.stages}, cfg.num_warps, 6)
+                                "BC": cfg.BC, "STAGES": cfg.stages}, cfg.num_warps, 6)
     report(f"forward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     cfg = tuning.pick_bwd_config(512, 2, False)
     sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG,

@@ -80,7 +80,7 @@ def test_triton_tuning_never_changes_bits():
     gen = torch.Generator().manual_seed(5)
     cu = random_cu_seqlens(S, gen, short=False)
     x, w, b, dy = make_inputs(S, C, seed=6)
-    fwd_cfgs = [FwdConfig(1, 8, 32, 1), FwdConfig(2, 16, 16, 1, prefetch=1), FwdConfig(4, 4, 8, 1), FwdConfig(2, 8, 16, 1, stages=3)]
+    fwd_cfgs = [FwdConfig(1, 8, 32, 1), FwdConfig(2, 16, 16, 1, stages=4), FwdConfig(4, 4, 8, 1), FwdConfig(2, 8, 16, 1, stages=3)]
     ys = []
     for cfg in fwd_cfgs:
         y = torch.empty_like(x)

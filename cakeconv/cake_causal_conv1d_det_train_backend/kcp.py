@@ -102,6 +102,18 @@ def _in_backward() -> bool:
 
 # --------------------------------------------------------------------------------------- checks
 
+def _check_fp32_param(pname, p, shape, shape_text, or_none, xname, x):
+    """A KCP tap or bias: an FP32 tensor on x's device with ``shape`` (TypeError, then ValueError)."""
+    if not isinstance(p, torch.Tensor) or p.dtype != torch.float32:
+        raise TypeError(f"{pname} must be an FP32 tensor{or_none} (the KCP contract), got "
+                        f"{p.dtype if isinstance(p, torch.Tensor) else type(p).__name__}")
+    if p.device != x.device:
+        raise ValueError(f"{pname} is on {p.device} but {xname} is on {x.device}")
+    if tuple(p.shape) != shape:
+        want = ", ".join(str(n) for n in shape)
+        raise ValueError(f"{pname} must be {shape_text} = [{want}], got shape {tuple(p.shape)}")
+
+
 def _check_kcp(xs, weights, biases, ctx, backend):
     """Validate a KCP call; returns (xs as [S, C] rows, resolved backend)."""
     if not isinstance(ctx, KcpContext):
@@ -126,23 +138,9 @@ def _check_kcp(xs, weights, biases, ctx, backend):
             raise ValueError(f"the channel count C must be a positive multiple of 8, got C = {C} for {name}")
         if x.dtype != xs[0].dtype:
             raise TypeError(f"all tensors of a multi call share one dtype: xs[0] is {xs[0].dtype}, {name} is {x.dtype}")
-        wname = f"weights[{i}]" if len(xs) > 1 else "weight"
-        if not isinstance(w, torch.Tensor) or w.dtype != torch.float32:
-            raise TypeError(f"{wname} must be an FP32 tensor (the KCP contract), got "
-                            f"{w.dtype if isinstance(w, torch.Tensor) else type(w).__name__}")
-        if w.device != x.device:
-            raise ValueError(f"{wname} is on {w.device} but {name} is on {x.device}")
-        if tuple(w.shape) != (C, 4):
-            raise ValueError(f"{wname} must be [C, 4] = [{C}, 4], got shape {tuple(w.shape)}")
+        _check_fp32_param(f"weights[{i}]" if len(xs) > 1 else "weight", w, (C, 4), "[C, 4]", "", name, x)
         if b is not None:
-            bname = f"biases[{i}]" if len(xs) > 1 else "bias"
-            if not isinstance(b, torch.Tensor) or b.dtype != torch.float32:
-                raise TypeError(f"{bname} must be an FP32 tensor or None (the KCP contract), got "
-                                f"{b.dtype if isinstance(b, torch.Tensor) else type(b).__name__}")
-            if b.device != x.device:
-                raise ValueError(f"{bname} is on {b.device} but {name} is on {x.device}")
-            if tuple(b.shape) != (C,):
-                raise ValueError(f"{bname} must be [C] = [{C}], got shape {tuple(b.shape)}")
+            _check_fp32_param(f"biases[{i}]" if len(xs) > 1 else "bias", b, (C,), "[C]", " or None", name, x)
         rows.append(_rows(x, S, C))
     return rows, checks.resolve_backend(backend, ctx.device)
 

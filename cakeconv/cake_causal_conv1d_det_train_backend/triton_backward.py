@@ -25,12 +25,13 @@ import triton.language as tl
 
 from .triton_common import (
     conv_pre,
-    listed_rows,
     load_taps,
     count_bounds_le,
     window_has_boundary,
     halo_tap,
     load_rows,
+    load_window,
+    row_list_setup,
     pairwise_sum_rows,
     search_iters,
     segment_of_rows,
@@ -305,18 +306,11 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     the same rows. Grid: (cdiv(n_rows, RB), cdiv(C, BC)); ``cu`` are the local segment
     boundaries, ``hist`` [N, 3, C] the x rows before each segment.
     """
-    pid_c = tl.program_id(1)
-    C = C8 * 8
+    C, cols, cmask, b, w0, w1, w2, w3, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8,
+                                                                    HAS_BIAS, RB, BC)
     sx = sx8.to(tl.int64) * 8
     sdy = sdy8.to(tl.int64) * 8
-    cols = pid_c * BC + tl.arange(0, BC)
-    cmask = cols < C
-    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
-    i, imask, t = listed_rows(rows_ptr, n_rows, S, RB)
-    a3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
-    a2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
-    a1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
-    a0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
+    a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, True)
     n_iter = search_iters(n_seg - 1)
     g, d, start, end, _, _, _ = bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
@@ -335,19 +329,12 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     main kernel's helpers (same bits), rows past the segment taken from fut, and the same FMA
     sequence for dx. Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
     """
-    pid_c = tl.program_id(1)
-    C = C8 * 8
+    C, cols, cmask, b, w0, w1, w2, w3, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8,
+                                                                    HAS_BIAS, RB, BC)
     sx = sx8.to(tl.int64) * 8
     sdy = sdy8.to(tl.int64) * 8
     sdx = sdx8.to(tl.int64) * 8
-    cols = pid_c * BC + tl.arange(0, BC)
-    cmask = cols < C
-    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
-    i, imask, t = listed_rows(rows_ptr, n_rows, S, RB)
-    xm3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
-    xm2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
-    xm1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
-    x0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
+    xm3, xm2, xm1, x0 = load_window(x_ptr, t, sx, cols, cmask, S)
     x1 = load_rows(x_ptr, t + 1, sx, cols, cmask, S, True)
     x2 = load_rows(x_ptr, t + 2, sx, cols, cmask, S, True)
     x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, True)

@@ -135,16 +135,6 @@ def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.cons
 
 
 @triton.jit
-def listed_rows(rows_ptr, n_rows, S, RB: tl.constexpr):
-    """(i, imask, t) of a row-list program: its RB list positions and their local rows (int32);
-    positions past the list read as row S (nothing of theirs is stored)."""
-    i = tl.program_id(0) * RB + tl.arange(0, RB)
-    imask = i < n_rows
-    t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)
-    return i, imask, t
-
-
-@triton.jit
 def load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS: tl.constexpr, BC: tl.constexpr):
     """(b, w0, w1, w2, w3): FP32 [1, BC] rows of the bias (zero without one) and the four taps."""
     w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
@@ -156,6 +146,35 @@ def load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS: tl.constexpr, BC: tl.constexp
     else:
         b = tl.zeros([1, BC], dtype=tl.float32)
     return b, w0, w1, w2, w3
+
+
+@triton.jit
+def row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8, HAS_BIAS: tl.constexpr, RB: tl.constexpr,
+                   BC: tl.constexpr):
+    """Start of a row-list program (KCP boundary rows; grid (cdiv(n_rows, RB), cdiv(C, BC))).
+
+    Returns (C, cols, cmask, b, w0, w1, w2, w3, i, imask, t): the channel block and its taps, the
+    program's RB list positions i and their local rows t (int32; positions past the list read as
+    row S, so nothing of theirs is stored).
+    """
+    C = C8 * 8
+    cols = tl.program_id(1) * BC + tl.arange(0, BC)
+    cmask = cols < C
+    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
+    i = tl.program_id(0) * RB + tl.arange(0, RB)
+    imask = i < n_rows
+    t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)
+    return C, cols, cmask, b, w0, w1, w2, w3, i, imask, t
+
+
+@triton.jit
+def load_window(ptr, t, stride, cols, cmask, S):
+    """FP32 x rows t-3, t-2, t-1, t of rows t ([R]); rows outside [0, S) read as zero."""
+    a3 = load_rows(ptr, t - 3, stride, cols, cmask, S, True)
+    a2 = load_rows(ptr, t - 2, stride, cols, cmask, S, True)
+    a1 = load_rows(ptr, t - 1, stride, cols, cmask, S, True)
+    a0 = load_rows(ptr, t, stride, cols, cmask, S, True)
+    return a3, a2, a1, a0
 
 
 @triton.jit

@@ -6,8 +6,9 @@ sub-run, BC channels per program, H = 3 halo rows.
 Design (a sliding window): a program owns R * SUB consecutive rows and BC channels, cut into R
 sub-runs of SUB rows walked side by side, so each register tile [R, BC] holds one row of every
 sub-run. Each step loads four new rows per sub-run (16-byte accesses, four loads in flight),
-computes four outputs from the last seven rows kept in registers, and stores them (with
-PREFETCH, the next four rows are requested before that arithmetic). Every element
+computes four outputs from the last seven rows kept in registers, and stores them; with
+STAGES > 1 Triton software-pipelines the loop (the next steps' rows arrive in shared memory via
+cp.async while this step computes). Every element
 goes through the same FMA sequence whatever R, SUB, BC or warps are, so tuning never changes bits.
 """
 
@@ -16,12 +17,13 @@ import triton.language as tl
 
 from .triton_common import (
     conv_pre,
-    listed_rows,
     load_taps,
     count_bounds_le,
     window_has_boundary,
     halo_tap,
     load_rows,
+    load_window,
+    row_list_setup,
     search_iters,
     segment_of_rows,
     sigmoid_f32,
@@ -72,7 +74,7 @@ def _fwd_step(y_ptr, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr
 def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
              d_lo, d_hi, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, SUB: tl.constexpr,
-             PREFETCH: tl.constexpr, STAGES: tl.constexpr):
+             STAGES: tl.constexpr):
     """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, four rows per step.
 
     STAGES > 1 lets Triton software-pipeline the loop: the loads of the next STAGES - 1 steps go to
@@ -82,52 +84,29 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
     xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
-    if PREFETCH:
-        xa = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED)
-        xb = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED)
-        xc = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED)
-        xd = load_rows(x_ptr, rows0 + 3, sx, cols, cmask, S, MASKED)
-        for i in tl.range(0, SUB, 4, num_stages=STAGES):
-            t = rows0 + i
-            na = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
-            nb = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
-            nc = load_rows(x_ptr, t + 6, sx, cols, cmask, S, MASKED)
-            nd = load_rows(x_ptr, t + 7, sx, cols, cmask, S, MASKED)
-            _fwd_step(y_ptr, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
-                      cmask, sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
-            xm3 = xb
-            xm2 = xc
-            xm1 = xd
-            xa = na
-            xb = nb
-            xc = nc
-            xd = nd
-    else:
-        for i in tl.range(0, SUB, 4, num_stages=STAGES):
-            t = rows0 + i
-            xa = load_rows(x_ptr, t, sx, cols, cmask, S, MASKED)
-            xb = load_rows(x_ptr, t + 1, sx, cols, cmask, S, MASKED)
-            xc = load_rows(x_ptr, t + 2, sx, cols, cmask, S, MASKED)
-            xd = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
-            _fwd_step(y_ptr, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
-                      cmask, sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
-            xm3 = xb
-            xm2 = xc
-            xm1 = xd
+    for i in tl.range(0, SUB, 4, num_stages=STAGES):
+        t = rows0 + i
+        xa = load_rows(x_ptr, t, sx, cols, cmask, S, MASKED)
+        xb = load_rows(x_ptr, t + 1, sx, cols, cmask, S, MASKED)
+        xc = load_rows(x_ptr, t + 2, sx, cols, cmask, S, MASKED)
+        xd = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
+        _fwd_step(y_ptr, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
+                  cmask, sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
+        xm3 = xb
+        xm2 = xc
+        xm1 = xd
 
 
 @triton.jit
 def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                          S, C8, sx8, sy8, n_seg, seq_len,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
-                         R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, PREFETCH: tl.constexpr,
-                         STAGES: tl.constexpr):
+                         R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """y[t, c] = silu(b[c] + sum_k w[c, k] * x[t - 3 + k, c]), rows of other segments read as 0.
 
     Grid: (cdiv(S, R * SUB), cdiv(C, BC)). C8 = C / 8 and sx8, sy8 = row strides / 8 (so the
     compiler knows every row starts 16-byte aligned). ``hist`` [N, 3, C] (HAS_HIST, KCP) holds
-    the x rows before each segment's first row, zero where its document has none. PREFETCH (0/1)
-    issues the next step's loads before the current step's arithmetic.
+    the x rows before each segment's first row, zero where its document has none.
     """
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
@@ -140,18 +119,18 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     p0 = pid_s * (R * SUB)
     p_last = p0 + R * SUB - 1
     rows0 = p0 + tl.arange(0, R) * SUB
-    # Rows read: p0 - 3 .. p_last (+ 4 prefetched). The cu[0] = 0 and cu[N] = S boundaries make
+    # Rows read: p0 - 3 .. p_last. The cu[0] = 0 and cu[N] = S boundaries make
     # the first and the last programs take the masked path.
-    n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - 3, p_last + 4 * PREFETCH, seq_len, HAS_CU)
+    n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - 3, p_last, seq_len, HAS_CU)
     if masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
         _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, SUB, PREFETCH, STAGES)
+                 d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, SUB, STAGES)
     else:
         # No boundary in (p0 - 3, p_last]: every tap is inside, every row inside [0, S).
         _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, SUB, PREFETCH, STAGES)
+                 n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, SUB, STAGES)
 
 
 @triton.jit
@@ -165,17 +144,10 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     them with the same helpers and FMA sequence (same bits as a single-rank run).
     Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
     """
-    pid_c = tl.program_id(1)
-    C = C8 * 8
+    C, cols, cmask, b, w0, w1, w2, w3, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8,
+                                                                    HAS_BIAS, RB, BC)
     sx = sx8.to(tl.int64) * 8
     sy = sy8.to(tl.int64) * 8
-    cols = pid_c * BC + tl.arange(0, BC)
-    cmask = cols < C
-    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
-    i, imask, t = listed_rows(rows_ptr, n_rows, S, RB)
-    a3 = load_rows(x_ptr, t - 3, sx, cols, cmask, S, True)
-    a2 = load_rows(x_ptr, t - 2, sx, cols, cmask, S, True)
-    a1 = load_rows(x_ptr, t - 1, sx, cols, cmask, S, True)
-    a0 = load_rows(x_ptr, t, sx, cols, cmask, S, True)
+    a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     _fwd_row(y_ptr, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
              n_seg, S, 0, n_seg - 1, search_iters(n_seg - 1), True, True, True)

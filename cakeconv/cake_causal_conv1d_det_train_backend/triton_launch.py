@@ -67,7 +67,7 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
         cu if cu is not None else dummy, hist_NHC if hist_NHC is not None else dummy,
         S, C // 8, x_SC.stride(0) // 8, y_SC.stride(0) // 8, n_seg, T,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
-        R=cfg.R, SUB=cfg.SUB, BC=cfg.BC, PREFETCH=cfg.prefetch, STAGES=cfg.stages, num_warps=cfg.num_warps,
+        R=cfg.R, SUB=cfg.SUB, BC=cfg.BC, STAGES=cfg.stages, num_warps=cfg.num_warps,
         **_NO_FUSION,
     )
     return y_SC

@@ -19,7 +19,6 @@ import triton
 class FwdConfig:
     """R sub-runs of SUB rows side by side, BC channels per program, num_warps warps.
 
-    prefetch (0/1): request the next four rows before the current four rows' arithmetic.
     stages: software-pipelining depth of the row loop (1: none; > 1: loads via shared memory).
     """
 
@@ -27,7 +26,6 @@ class FwdConfig:
     SUB: int
     BC: int
     num_warps: int
-    prefetch: int = 0
     stages: int = 1
 
 
@@ -45,8 +43,7 @@ class BwdConfig:
 
 
 FWD_CONFIGS = (
-    # v2 (no software pipelining): the references of the v3 sweep.
-    FwdConfig(R=16, SUB=16, BC=128, num_warps=4, prefetch=1),
+    # v2 (no software pipelining): the reference of the v3 sweep.
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4),
     # v3: software-pipelined row loops (cp.async into shared memory, `stages` deep).
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3),
