@@ -20,16 +20,19 @@ from triton.compiler import ASTSource
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning
 
 TARGET = GPUTarget("cuda", 90, 32)
+C_REPORT = 512  # the row strides are compile-time constants: contiguous rows of this many channels
+FWD_STRIDES = {"SX8": C_REPORT // 8, "SY8": C_REPORT // 8}
+BWD_STRIDES = {"SX8": C_REPORT // 8, "SDY8": C_REPORT // 8, "SDX8": C_REPORT // 8}
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 FWD_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32", "cu_ptr": "*i32",
-           "hist_ptr": "*bf16", "S": "i32", "C8": "i32", "sx8": "i32", "sy8": "i32", "n_seg": "i32",
-           "seq_len": "i32", "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr",
+           "hist_ptr": "*bf16", "S": "i32", "C8": "i32", "n_seg": "i32",
+           "seq_len": "i32", "SX8": "constexpr", "SY8": "constexpr", "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr",
            "R": "constexpr", "SUB": "constexpr", "BC": "constexpr",
            "STAGES": "constexpr"}
 BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32",
            "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
-           "C8": "i32", "sx8": "i32", "sdy8": "i32", "sdx8": "i32", "n_seg": "i32", "seq_len": "i32",
+           "C8": "i32", "n_seg": "i32", "seq_len": "i32", "SX8": "constexpr", "SDY8": "constexpr", "SDX8": "constexpr",
            "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr", "HAS_FUT": "constexpr", "R": "constexpr",
            "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr", "STAGES": "constexpr"}
 
@@ -53,11 +56,11 @@ def main():
     rows = []
     for cfg in tuning.FWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB, "BC": cfg.BC,
-                  "STAGES": cfg.stages}
+                  "STAGES": cfg.stages, **FWD_STRIDES}
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg.num_warps, 6))
     for cfg in tuning.BWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
-                  "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages}
+                  "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages, **BWD_STRIDES}
         rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg.num_warps, 9))
     for kind, cfg, regs, stack, acc in rows:
         print(f"{kind} {cfg}: regs {regs} stack {stack} accesses {acc}")

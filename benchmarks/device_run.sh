@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
-#   bash benchmarks/device_run.sh [tests|gputests|gputestsfast] [sweep|sweeppipe|sweepbwd] [ncu] [bench|benchquick]
+#   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [onedoc] [sweep|sweeppipe|sweepbwd] [ncu]
+#                                 [bench|benchsplit|benchquick]
 # Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
 set -u
 OUT=${OUT:-./device_out}
@@ -20,6 +21,19 @@ for step in "$@"; do
     gpumodule) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_module.log" | tail -8 ;;
     gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
+    gputestsx) # every GPU test, 8 pytest-xdist workers (compiles in parallel; the GPU work is small)
+         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n 8 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+    ab)  # the tuner's picks of each code version in .variants/<name> (git archives; carry .variants), then this tree
+         for v in $(ls .variants 2>/dev/null) this; do
+           if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
+           mkdir -p "$OUT/ab_$v"; echo "== $v"
+           PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/sweep_configs.py --picks --C 128,512,2048,8192 --reps 20 \
+             --out "$OUT/ab_$v" 2>&1 | tee "$OUT/ab_$v/sweep.log" | grep best
+         done ;;
+    onedoc) # the picks with one document (no masked programs) vs the usual mix: the cost of the masked path
+         mkdir -p "$OUT/onedoc"
+         python3 benchmarks/sweep_configs.py --picks --C 512,2048 --reps 20 --mean-doc 100000000 --out "$OUT/onedoc" 2>&1 \
+           | tee "$OUT/onedoc/sweep.log" | grep best ;;
     gputestsfast) python3 -m pytest -q -m gpu tests -p no:cacheprovider -k "not every_config" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     sweep) python3 benchmarks/sweep_configs.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
     sweeppipe) python3 benchmarks/sweep_configs.py --passes fwd,bwd --only-pipelined --reps 10 --out "$OUT" 2>&1 | tee "$OUT/sweep_pipe.log" | tail -40 ;;

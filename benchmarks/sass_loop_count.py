@@ -17,7 +17,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton  # noqa: E402
-from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, TARGET  # noqa: E402
+from compile_report import BWD_SIG, BWD_STRIDES, CUOBJDUMP, FWD_SIG, FWD_STRIDES, TARGET  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning  # noqa: E402
@@ -28,7 +28,7 @@ ROWS_PER_STEP = 4
 def sass_and_regs(fn, sig, consts, num_warps, n_ptrs):
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)}
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
-                        options={"num_warps": num_warps, "enable_fp_fusion": False})
+                        options={"num_warps": num_warps, "enable_fp_fusion": False, **({"maxnreg": int(os.environ["MAXNREG"])} if os.environ.get("MAXNREG") else {})})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
@@ -64,13 +64,13 @@ def main():
     cfg = tuning.pick_fwd_config(512, 2, False)
     sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
                                {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
-                                "BC": cfg.BC, "STAGES": cfg.stages}, cfg.num_warps, 6)
+                                "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg.num_warps, 6)
     report(f"forward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     cfg = tuning.pick_bwd_config(512, 2, False)
     sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG,
                                {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
                                 "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
-                                "STAGES": cfg.stages}, cfg.num_warps, 9)
+                                "STAGES": cfg.stages, **BWD_STRIDES}, cfg.num_warps, 9)
     report(f"backward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     return 0
 

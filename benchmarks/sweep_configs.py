@@ -35,10 +35,12 @@ def bwd_candidates(C, only_pipelined=False):
 
 
 def random_cu(S, seed, mean=3000):
+    """cu_seqlens of documents with lengths uniform in 1..2*mean-1 (one document if mean >= S)."""
     g = torch.Generator().manual_seed(seed)
     cuts = [0]
     while cuts[-1] < S:
-        cuts.append(min(S, cuts[-1] + int(torch.randint(1, 2 * mean, (), generator=g))))
+        step = S if mean >= S else int(torch.randint(1, 2 * mean, (), generator=g))
+        cuts.append(min(S, cuts[-1] + step))
     return torch.tensor(cuts, dtype=torch.int32, device="cuda")
 
 
@@ -76,6 +78,10 @@ def main():
     ap.add_argument("--passes", default="fwd,bwd")
     ap.add_argument("--only-pipelined", action="store_true",
                     help="only the software-pipelined candidates (and the v2 defaults, as the same-run reference)")
+    ap.add_argument("--picks", action="store_true",
+                    help="only the configuration tuning.py picks for each C (to compare code versions in one run)")
+    ap.add_argument("--mean-doc", type=int, default=3000,
+                    help="mean document length (uniform in 1..2*mean); larger than S: one document, no masked programs")
     args = ap.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     bw = copy_bandwidth(flush)
@@ -83,7 +89,7 @@ def main():
     rows = []
     S = args.S
     for C in [int(c) for c in args.C.split(",")]:
-        cu = random_cu(S, C)
+        cu = random_cu(S, C, args.mean_doc)
         sets = []
         for k in range(3):
             x = torch.randn(S, C, device="cuda").bfloat16()
@@ -95,18 +101,20 @@ def main():
         dw = torch.empty(C, 4, device="cuda")
         db = torch.empty(C, device="cuda")
         if "fwd" in args.passes:
-            for cfg in fwd_candidates(C, args.only_pipelined):
+            picks = [tuning.pick_fwd_config(C, 2, False)] if args.picks else fwd_candidates(C, args.only_pipelined)
+            for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
                 frac = 4 * S * C / ms / 1e6 / bw
-                rows.append(dict(pass_="fwd", C=C, cfg=str(cfg), ms=ms, frac=frac))
+                rows.append(dict(pass_="fwd", C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc))
                 print(f"fwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
         if "bwd" in args.passes:
-            for cfg in bwd_candidates(C, args.only_pipelined):
+            picks = [tuning.pick_bwd_config(C, 2, False)] if args.picks else bwd_candidates(C, args.only_pipelined)
+            for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
                 frac = 6 * S * C / ms / 1e6 / bw
-                rows.append(dict(pass_="bwd", C=C, cfg=str(cfg), ms=ms, frac=frac))
+                rows.append(dict(pass_="bwd", C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc))
                 print(f"bwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
         del sets
     print("\n# best per (pass, C)")

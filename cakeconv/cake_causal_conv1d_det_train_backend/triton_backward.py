@@ -36,7 +36,9 @@ from .triton_common import (
     search_iters,
     segment_of_rows,
     sigmoid_f32,
-    store_rows,
+    store_at,
+    load_at,
+    row_ptrs,
 )
 
 BWD_SUB = 32  # rows per leaf of the dweight tree (fixed: part of the summation order)
@@ -69,7 +71,7 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
 
 
 @triton.jit
-def dx_rows(dx_ptr, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
             HAS_FUT: tl.constexpr, MASKED: tl.constexpr):
     """dx[t] = w3 g[t] + w2 g[t+1] + w1 g[t+2] + w0 g[t+3] (FMAs in this order), stored.
 
@@ -84,7 +86,7 @@ def dx_rows(dx_ptr, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cm
     dx = tl.fma(w2, g1, dx)
     dx = tl.fma(w1, g2, dx)
     dx = tl.fma(w0, g3, dx)
-    store_rows(dx_ptr, t, dx, sdx, cols, cmask, S, MASKED)
+    store_at(dxp, t, dx, cmask, S, MASKED)
 
 
 @triton.jit
@@ -140,16 +142,21 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
                                             cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
                                             HAS_CU, HAS_HIST, MASKED)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g2, a3, a2, a1, xa2, True)
+    x_base = row_ptrs(x_ptr, rows0, sx, cols)
+    dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
+    dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
-        x3 = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
-        x4 = load_rows(x_ptr, t + 4, sx, cols, cmask, S, MASKED)
-        x5 = load_rows(x_ptr, t + 5, sx, cols, cmask, S, MASKED)
-        x6 = load_rows(x_ptr, t + 6, sx, cols, cmask, S, MASKED)
-        dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, MASKED)
-        dy4 = load_rows(dy_ptr, t + 4, sdy, cols, cmask, S, MASKED)
-        dy5 = load_rows(dy_ptr, t + 5, sdy, cols, cmask, S, MASKED)
-        dy6 = load_rows(dy_ptr, t + 6, sdy, cols, cmask, S, MASKED)
+        xp = x_base + i * sx
+        dyp = dy_base + i * sdy
+        x3 = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
+        x4 = load_at(xp + 4 * sx, t + 4, cmask, S, MASKED)
+        x5 = load_at(xp + 5 * sx, t + 5, cmask, S, MASKED)
+        x6 = load_at(xp + 6 * sx, t + 6, cmask, S, MASKED)
+        dy3 = load_at(dyp + 3 * sdy, t + 3, cmask, S, MASKED)
+        dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED)
+        dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
+        dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
         g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                                 cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
                                                 HAS_CU, HAS_HIST, MASKED)
@@ -166,13 +173,14 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
                                                 cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
                                                 HAS_CU, HAS_HIST, MASKED)
         acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
-        dx_rows(dx_ptr, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+        dxp = dx_base + i * sdx
+        dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
                 HAS_FUT, MASKED)
-        dx_rows(dx_ptr, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+        dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
                 HAS_FUT, MASKED)
-        dx_rows(dx_ptr, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+        dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
                 HAS_FUT, MASKED)
-        dx_rows(dx_ptr, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+        dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
                 HAS_FUT, MASKED)
         xa0 = x4
         xa1 = x5
@@ -191,13 +199,15 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
 
 @triton.jit
 def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
-                         S, C8, sx8, sdy8, sdx8, n_seg, seq_len,
+                         S, C8, n_seg, seq_len,
+                         SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
                          R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
                          STAGES: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
-    Grid: (cdiv(S, R * SUB), cdiv(C, BC)). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
+    Grid: (cdiv(S, R * SUB), cdiv(C, BC)). SX8, SDY8, SDX8: row strides / 8, compile-time
+    constants (a loop step's rows are one base address plus immediate offsets). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
     level-LOGR node of the pairwise leaf tree. ``hist`` [N, 3, C] (HAS_HIST) and ``fut`` [N, 3, C]
     FP32 (HAS_FUT) hold the x rows before and the g rows after each segment (KCP). Without HAS_FUT
     the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
@@ -206,9 +216,9 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
     C = C8 * 8
-    sx = sx8.to(tl.int64) * 8
-    sdy = sdy8.to(tl.int64) * 8
-    sdx = sdx8.to(tl.int64) * 8
+    sx: tl.constexpr = SX8 * 8
+    sdy: tl.constexpr = SDY8 * 8
+    sdx: tl.constexpr = SDX8 * 8
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
     b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
@@ -352,5 +362,5 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
                                 C, n_seg, S, 0, d_hi, n_iter, True, True, True)
     g3, d3, s3, e3, _, _, _ = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                 C, n_seg, S, 0, d_hi, n_iter, True, True, True)
-    dx_rows(dx_ptr, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+    dx_rows(row_ptrs(dx_ptr, t, sdx, cols), t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
             True, True)

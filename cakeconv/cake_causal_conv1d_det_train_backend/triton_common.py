@@ -108,6 +108,50 @@ def load_rows(ptr, t, stride, cols, cmask, S, ROWMASK: tl.constexpr):
 
 
 @triton.jit
+def row_ptrs(ptr, t, stride, cols):
+    """Pointer tile [R, BC] of rows t (int32 [R]), channels cols: computed once per row run, then
+    moved by scalar row offsets (one 64-bit add per access instead of a 64-bit multiply)."""
+    return ptr + t.to(tl.int64)[:, None] * stride + cols[None, :]
+
+
+@triton.jit
+def to_f32(v):
+    """v as FP32 (exact for bf16, fp16 and fp32).
+
+    bf16 on the GPU: two elements packed in one 32-bit register become two FP32 values with one
+    instruction each (shift the low half up, mask the high half), where the compiler's own
+    conversion spends three per pair (PRMT, SHF, IMAD). Same bits either way.
+    """
+    if INTERPRET:
+        return v.to(tl.float32)
+    elif v.dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [v],
+                                         dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def load_at(p, t, cmask, S, ROWMASK: tl.constexpr):
+    """FP32 tile at pointers p [R, BC] of rows t; rows outside [0, S) read as zero if ROWMASK."""
+    if ROWMASK:
+        m = ((t >= 0) & (t < S))[:, None] & cmask[None, :]
+    else:
+        m = cmask[None, :]
+    return to_f32(tl.load(p, mask=m, other=0.0))
+
+
+@triton.jit
+def store_at(p, t, v, cmask, S, ROWMASK: tl.constexpr):
+    """Store tile v [R, BC] (cast to the pointers' dtype) at pointers p of rows t."""
+    if ROWMASK:
+        m = ((t >= 0) & (t < S))[:, None] & cmask[None, :]
+    else:
+        m = cmask[None, :]
+    tl.store(p, v.to(p.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def store_rows(ptr, t, v, stride, cols, cmask, S, ROWMASK: tl.constexpr):
     """Store tile v [R, BC] (cast to the pointer's dtype) into rows t."""
     offs = t.to(tl.int64)[:, None] * stride + cols[None, :]

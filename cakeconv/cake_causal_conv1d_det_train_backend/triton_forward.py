@@ -27,7 +27,9 @@ from .triton_common import (
     search_iters,
     segment_of_rows,
     sigmoid_f32,
-    store_rows,
+    store_at,
+    load_at,
+    row_ptrs,
 )
 
 
@@ -44,7 +46,7 @@ def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, d
 
 
 @triton.jit
-def _fwd_row(y_ptr, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
+def _fwd_row(yp, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
              n_seg, seq_len, d_lo, d_hi, n_iter,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr):
     """y[t] = silu(pre[t]) for one row of every sub-run."""
@@ -52,21 +54,21 @@ def _fwd_row(y_ptr, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols
         a3, a2, a1 = _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len,
                                d_lo, d_hi, n_iter, HAS_CU, HAS_HIST)
     pre = conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0)
-    store_rows(y_ptr, t, pre * sigmoid_f32(pre), sy, cols, cmask, S, MASKED)
+    store_at(yp, t, pre * sigmoid_f32(pre), cmask, S, MASKED)
 
 
 @triton.jit
-def _fwd_step(y_ptr, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
+def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
               S, C, n_seg, seq_len, d_lo, d_hi, n_iter,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr):
     """Outputs of rows t .. t + 3 from the seven rows t - 3 .. t + 3."""
-    _fwd_row(y_ptr, t, xm3, xm2, xm1, xa, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
+    _fwd_row(yp, t, xm3, xm2, xm1, xa, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
              S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
-    _fwd_row(y_ptr, t + 1, xm2, xm1, xa, xb, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    _fwd_row(yp + sy, t + 1, xm2, xm1, xa, xb, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
              sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
-    _fwd_row(y_ptr, t + 2, xm1, xa, xb, xc, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    _fwd_row(yp + 2 * sy, t + 2, xm1, xa, xb, xc, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
              sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
-    _fwd_row(y_ptr, t + 3, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
+    _fwd_row(yp + 3 * sy, t + 3, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
              sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
 
 
@@ -84,13 +86,16 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
     xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
+    x_base = row_ptrs(x_ptr, rows0, sx, cols)
+    y_base = row_ptrs(y_ptr, rows0, sy, cols)
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
-        xa = load_rows(x_ptr, t, sx, cols, cmask, S, MASKED)
-        xb = load_rows(x_ptr, t + 1, sx, cols, cmask, S, MASKED)
-        xc = load_rows(x_ptr, t + 2, sx, cols, cmask, S, MASKED)
-        xd = load_rows(x_ptr, t + 3, sx, cols, cmask, S, MASKED)
-        _fwd_step(y_ptr, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
+        xp = x_base + i * sx
+        xa = load_at(xp, t, cmask, S, MASKED)
+        xb = load_at(xp + sx, t + 1, cmask, S, MASKED)
+        xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED)
+        xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
+        _fwd_step(y_base + i * sy, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
                   cmask, sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
         xm3 = xb
         xm2 = xc
@@ -99,20 +104,22 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
 
 @triton.jit
 def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
-                         S, C8, sx8, sy8, n_seg, seq_len,
+                         S, C8, n_seg, seq_len,
+                         SX8: tl.constexpr, SY8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
                          R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """y[t, c] = silu(b[c] + sum_k w[c, k] * x[t - 3 + k, c]), rows of other segments read as 0.
 
-    Grid: (cdiv(S, R * SUB), cdiv(C, BC)). C8 = C / 8 and sx8, sy8 = row strides / 8 (so the
-    compiler knows every row starts 16-byte aligned). ``hist`` [N, 3, C] (HAS_HIST, KCP) holds
+    Grid: (cdiv(S, R * SUB), cdiv(C, BC)). C8 = C / 8 and SX8, SY8 = row strides / 8 (so the
+    compiler knows every row starts 16-byte aligned); the strides are compile-time constants, so
+    the rows of a loop step are one base address plus immediate offsets. ``hist`` [N, 3, C] (HAS_HIST, KCP) holds
     the x rows before each segment's first row, zero where its document has none.
     """
     pid_s = tl.program_id(0)
     pid_c = tl.program_id(1)
     C = C8 * 8
-    sx = sx8.to(tl.int64) * 8
-    sy = sy8.to(tl.int64) * 8
+    sx: tl.constexpr = SX8 * 8
+    sy: tl.constexpr = SY8 * 8
     cols = pid_c * BC + tl.arange(0, BC)
     cmask = cols < C
     b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
@@ -149,5 +156,5 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     sx = sx8.to(tl.int64) * 8
     sy = sy8.to(tl.int64) * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
-    _fwd_row(y_ptr, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
+    _fwd_row(row_ptrs(y_ptr, t, sy, cols), t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
              n_seg, S, 0, n_seg - 1, search_iters(n_seg - 1), True, True, True)

@@ -34,12 +34,19 @@ class BwdConfig:
     """R leaves (of triton_backward.BWD_SUB rows) side by side, BC channels, num_warps warps.
 
     stages: software-pipelining depth of the row loop (1: none; > 1: loads via shared memory).
+    maxnreg: register cap per thread (None: the compiler's choice); 128 keeps four 4-warp programs
+    per SM where the compiler would take 145 registers and leave room for three.
     """
 
     R: int
     BC: int
     num_warps: int
     stages: int = 1
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict:
+        """Extra keyword arguments of the kernel launch."""
+        return {} if self.maxnreg is None else {"maxnreg": self.maxnreg}
 
 
 FWD_CONFIGS = (
@@ -64,6 +71,10 @@ BWD_CONFIGS = (
     BwdConfig(R=8, BC=64, num_warps=4, stages=3),
     BwdConfig(R=2, BC=128, num_warps=2, stages=3),
     BwdConfig(R=8, BC=128, num_warps=4, stages=3),
+    # v6 (constant strides: 145 registers at R=4, BC=128): the same tiles capped at 128 registers.
+    BwdConfig(R=4, BC=128, num_warps=4, stages=3, maxnreg=128),
+    BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128),
+    BwdConfig(R=2, BC=256, num_warps=4, stages=3, maxnreg=128),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.
