@@ -37,10 +37,10 @@ BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp
            "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr", "STAGES": "constexpr"}
 
 
-def compile_one(fn, sig, consts, num_warps, n_ptrs):
+def compile_one(fn, sig, consts, cfg, n_ptrs):
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)}  # as the JIT sees aligned tensors
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
-                        options={"num_warps": num_warps, "enable_fp_fusion": False})
+                        options={"num_warps": cfg.num_warps, "enable_fp_fusion": False, **tuning.launch_options(cfg)})
     ptx = ck.asm["ptx"]
     acc = collections.Counter(re.findall(r"\b((?:ld|st)\.(?:global|local)[\.\w]*|cp\.async\.c[ag][\.\w]*)", ptx))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -57,11 +57,11 @@ def main():
     for cfg in tuning.FWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB, "BC": cfg.BC,
                   "STAGES": cfg.stages, **FWD_STRIDES}
-        rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg.num_warps, 6))
+        rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg, 6))
     for cfg in tuning.BWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
                   "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages, **BWD_STRIDES}
-        rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg.num_warps, 9))
+        rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg, 9))
     for kind, cfg, regs, stack, acc in rows:
         print(f"{kind} {cfg}: regs {regs} stack {stack} accesses {acc}")
     return 0

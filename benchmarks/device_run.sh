@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
-#   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [onedoc] [sweep|sweeppipe|sweepbwd] [ncu]
+#   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [onedoc] [kerneltimes] [sweep|sweepbwd] [ncu]
 #                                 [bench|benchsplit|benchquick]
 # Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
 set -u
@@ -34,9 +34,9 @@ for step in "$@"; do
          mkdir -p "$OUT/onedoc"
          python3 benchmarks/sweep_configs.py --picks --C 512,2048 --reps 20 --mean-doc 100000000 --out "$OUT/onedoc" 2>&1 \
            | tee "$OUT/onedoc/sweep.log" | grep best ;;
+    kerneltimes) python3 benchmarks/kernel_times.py --C 128,512,2048 --out "$OUT" 2>&1 | tee "$OUT/kernel_times.log" | tail -8 ;;
     gputestsfast) python3 -m pytest -q -m gpu tests -p no:cacheprovider -k "not every_config" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     sweep) python3 benchmarks/sweep_configs.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
-    sweeppipe) python3 benchmarks/sweep_configs.py --passes fwd,bwd --only-pipelined --reps 10 --out "$OUT" 2>&1 | tee "$OUT/sweep_pipe.log" | tail -40 ;;
     sweepbwd) python3 benchmarks/sweep_configs.py --passes bwd --out "$OUT" 2>&1 | tee "$OUT/sweep_bwd.log" | tail -30 ;;
     ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
          "$NCU" --clock-control none -k 'regex:cake_conv_(fwd|bwd)_kernel' \

@@ -25,10 +25,10 @@ from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, trito
 ROWS_PER_STEP = 4
 
 
-def sass_and_regs(fn, sig, consts, num_warps, n_ptrs):
+def sass_and_regs(fn, sig, consts, cfg, n_ptrs):
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)}
     ck = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=TARGET,
-                        options={"num_warps": num_warps, "enable_fp_fusion": False, **({"maxnreg": int(os.environ["MAXNREG"])} if os.environ.get("MAXNREG") else {})})
+                        options={"num_warps": cfg.num_warps, "enable_fp_fusion": False, **tuning.launch_options(cfg)})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
@@ -53,24 +53,27 @@ def largest_loops(sass, n=2):
 
 
 def report(name, sass, regs, elems_per_step):
-    masked, unmasked = largest_loops(sass)
+    """The three row loops, largest first: masked with a binary search per row (programs touching
+    more than FEW_SEGMENTS segments), masked with preloaded boundaries, unmasked."""
+    general, few, unmasked = largest_loops(sass, 3)
     ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for _, t in unmasked)
     mix = ", ".join(f"{k} {v / elems_per_step:.1f}" for k, v in ops.most_common(8))
     print(f"{name}: {regs} registers; per element: unmasked loop {len(unmasked) / elems_per_step:.1f}, "
-          f"masked loop {len(masked) / elems_per_step:.1f} instructions ({mix})")
+          f"masked loops {len(few) / elems_per_step:.1f} (few segments) / {len(general) / elems_per_step:.1f} "
+          f"(searching) instructions; unmasked mix: {mix}")
 
 
 def main():
     cfg = tuning.pick_fwd_config(512, 2, False)
     sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
                                {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
-                                "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg.num_warps, 6)
+                                "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg, 6)
     report(f"forward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     cfg = tuning.pick_bwd_config(512, 2, False)
     sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG,
                                {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
                                 "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
-                                "STAGES": cfg.stages, **BWD_STRIDES}, cfg.num_warps, 9)
+                                "STAGES": cfg.stages, **BWD_STRIDES}, cfg, 9)
     report(f"backward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     return 0
 

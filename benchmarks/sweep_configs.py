@@ -19,19 +19,12 @@ import triton
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
 
 
-def fwd_candidates(C, only_pipelined=False):
-    return [c for c in tuning.FWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))
-            and (not only_pipelined or c.stages > 1 or c in _REFERENCE_FWD)]
+def fwd_candidates(C):
+    return [c for c in tuning.FWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))]
 
 
-# With --only-pipelined, the v2 defaults are timed too, as the same-run reference.
-_REFERENCE_FWD = (tuning.FwdConfig(R=8, SUB=32, BC=128, num_warps=4),)
-_REFERENCE_BWD = (tuning.BwdConfig(R=4, BC=128, num_warps=4),)
-
-
-def bwd_candidates(C, only_pipelined=False):
-    return [c for c in tuning.BWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))
-            and (not only_pipelined or c.stages > 1 or c in _REFERENCE_BWD)]
+def bwd_candidates(C):
+    return [c for c in tuning.BWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))]
 
 
 def random_cu(S, seed, mean=3000):
@@ -76,8 +69,6 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=None)
     ap.add_argument("--passes", default="fwd,bwd")
-    ap.add_argument("--only-pipelined", action="store_true",
-                    help="only the software-pipelined candidates (and the v2 defaults, as the same-run reference)")
     ap.add_argument("--picks", action="store_true",
                     help="only the configuration tuning.py picks for each C (to compare code versions in one run)")
     ap.add_argument("--mean-doc", type=int, default=3000,
@@ -101,7 +92,7 @@ def main():
         dw = torch.empty(C, 4, device="cuda")
         db = torch.empty(C, device="cuda")
         if "fwd" in args.passes:
-            picks = [tuning.pick_fwd_config(C, 2, False)] if args.picks else fwd_candidates(C, args.only_pipelined)
+            picks = [tuning.pick_fwd_config(C, 2, False)] if args.picks else fwd_candidates(C)
             for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
@@ -109,7 +100,7 @@ def main():
                 rows.append(dict(pass_="fwd", C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc))
                 print(f"fwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
         if "bwd" in args.passes:
-            picks = [tuning.pick_bwd_config(C, 2, False)] if args.picks else bwd_candidates(C, args.only_pipelined)
+            picks = [tuning.pick_bwd_config(C, 2, False)] if args.picks else bwd_candidates(C)
             for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)

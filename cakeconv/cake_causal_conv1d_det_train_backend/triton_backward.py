@@ -33,8 +33,9 @@ from .triton_common import (
     load_window,
     row_list_setup,
     pairwise_sum_rows,
-    search_iters,
+    FEW_SEGMENTS,
     segment_of_rows,
+    segment_window,
     sigmoid_f32,
     store_at,
     load_at,
@@ -50,12 +51,12 @@ LOG2_GROUP_BLOCK = 6
 
 @triton.jit
 def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, C, n_seg,
-               seq_len, d_lo, d_hi, n_iter,
-               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr):
+               seq_len, seg,
+               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
     """g = dy * silu'(pre) for rows t; also (d, start, end) of their segments when MASKED, and the
     taps a3, a2, a1 after the segment/halo rule (the x rows t-3..t-1 that pre read)."""
     if MASKED:
-        d, start, end = segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU)
+        d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
         pos = t - start
         a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
         a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
@@ -103,8 +104,8 @@ def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside):
 
 @triton.jit
 def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-             n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3,
-             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
+             n_seg, seq_len, seg, b, w0, w1, w2, w3,
+             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf).
 
@@ -115,7 +116,6 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
     what lets Triton software-pipeline the loop (loads via shared memory, ``STAGES`` deep); a row
     kept two steps (the dweight window reading x[t-3] of rows loaded two steps earlier) stopped it.
     """
-    n_iter = search_iters(d_hi - d_lo)
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
     xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
@@ -131,16 +131,16 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
     acc3 = tl.zeros([R, BC], dtype=tl.float32)
     accb = tl.zeros([R, BC], dtype=tl.float32)
     g0, d0, s0, e0, a3, a2, a1 = bwd_g_rows(xm3, xm2, xm1, xa0, dy0, rows0, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                            HAS_CU, HAS_HIST, MASKED)
+                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g0, a3, a2, a1, xa0, True)
     g1, d1, s1, e1, a3, a2, a1 = bwd_g_rows(xm2, xm1, xa0, xa1, dy1, rows0 + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                            HAS_CU, HAS_HIST, MASKED)
+                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g1, a3, a2, a1, xa1, True)
     g2, d2, s2, e2, a3, a2, a1 = bwd_g_rows(xm1, xa0, xa1, xa2, dy2, rows0 + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                            HAS_CU, HAS_HIST, MASKED)
+                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g2, a3, a2, a1, xa2, True)
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
@@ -158,20 +158,20 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
         dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
         dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
         g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                                HAS_CU, HAS_HIST, MASKED)
+                                                cols, cmask, C, n_seg, seq_len, seg,
+                                                HAS_CU, HAS_HIST, MASKED, FEW)
         acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB)
         g4, d4, s4, e4, a3, a2, a1 = bwd_g_rows(xa1, xa2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                                HAS_CU, HAS_HIST, MASKED)
+                                                cols, cmask, C, n_seg, seq_len, seg,
+                                                HAS_CU, HAS_HIST, MASKED, FEW)
         acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB)
         g5, d5, s5, e5, a3, a2, a1 = bwd_g_rows(xa2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                                HAS_CU, HAS_HIST, MASKED)
+                                                cols, cmask, C, n_seg, seq_len, seg,
+                                                HAS_CU, HAS_HIST, MASKED, FEW)
         acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB)
         g6, d6, s6, e6, a3, a2, a1 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-                                                HAS_CU, HAS_HIST, MASKED)
+                                                cols, cmask, C, n_seg, seq_len, seg,
+                                                HAS_CU, HAS_HIST, MASKED, FEW)
         acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
         dxp = dx_base + i * sdx
         dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
@@ -206,16 +206,19 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
                          STAGES: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
-    Grid: (cdiv(S, R * SUB), cdiv(C, BC)). SX8, SDY8, SDX8: row strides / 8, compile-time
+    Grid: (cdiv(S, R * SUB) * cdiv(C, BC),). SX8, SDY8, SDX8: row strides / 8, compile-time
     constants (a loop step's rows are one base address plus immediate offsets). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
     level-LOGR node of the pairwise leaf tree. ``hist`` [N, 3, C] (HAS_HIST) and ``fut`` [N, 3, C]
     FP32 (HAS_FUT) hold the x rows before and the g rows after each segment (KCP). Without HAS_FUT
     the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
     cake_conv_bwd_dx_rows_kernel once fut has arrived (the exchange overlaps this kernel).
     """
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
     C = C8 * 8
+    # 1-D grid, channel blocks fastest: the programs of one row block run side by side and
+    # read whole rows together.
+    n_cblk = tl.cdiv(C, BC)
+    pid_s = tl.program_id(0) // n_cblk
+    pid_c = tl.program_id(0) % n_cblk
     sx: tl.constexpr = SX8 * 8
     sdy: tl.constexpr = SDY8 * 8
     sdx: tl.constexpr = SDX8 * 8
@@ -230,13 +233,20 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     if masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU) - 1
-        acc0, acc1, acc2, acc3, accb = _bwd_run(
-            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, SUB, R, BC, STAGES)
+        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, HAS_CU)
+        if d_hi - d_lo < FEW_SEGMENTS:
+            acc0, acc1, acc2, acc3, accb = _bwd_run(
+                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES)
+        else:
+            acc0, acc1, acc2, acc3, accb = _bwd_run(
+                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES)
     else:
+        no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, SUB, R, BC, STAGES)
+            n_seg, seq_len, no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, R, BC, STAGES)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)
@@ -322,9 +332,9 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     sdy = sdy8.to(tl.int64) * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, True)
-    n_iter = search_iters(n_seg - 1)
+    seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, True)
     g, d, start, end, _, _, _ = bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-                                  C, n_seg, S, 0, n_seg - 1, n_iter, True, True, True)
+                                           C, n_seg, S, seg, True, True, True, False)
     offs = i.to(tl.int64)[:, None] * C + cols[None, :]
     tl.store(g_ptr + offs, g, mask=imask[:, None] & cmask[None, :])
 
@@ -352,15 +362,14 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     dy1 = load_rows(dy_ptr, t + 1, sdy, cols, cmask, S, True)
     dy2 = load_rows(dy_ptr, t + 2, sdy, cols, cmask, S, True)
     dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, True)
-    n_iter = search_iters(n_seg - 1)
-    d_hi = n_seg - 1
+    seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, True)
     g0, d0, s0, e0, _, _, _ = bwd_g_rows(xm3, xm2, xm1, x0, dy0, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+                                C, n_seg, S, seg, True, True, True, False)
     g1, d1, s1, e1, _, _, _ = bwd_g_rows(xm2, xm1, x0, x1, dy1, t + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+                                C, n_seg, S, seg, True, True, True, False)
     g2, d2, s2, e2, _, _, _ = bwd_g_rows(xm1, x0, x1, x2, dy2, t + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+                                C, n_seg, S, seg, True, True, True, False)
     g3, d3, s3, e3, _, _, _ = bwd_g_rows(x0, x1, x2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-                                C, n_seg, S, 0, d_hi, n_iter, True, True, True)
+                                C, n_seg, S, seg, True, True, True, False)
     dx_rows(row_ptrs(dx_ptr, t, sdx, cols), t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
             True, True)

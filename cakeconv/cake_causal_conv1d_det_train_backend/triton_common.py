@@ -71,24 +71,66 @@ def search_iters(span):
 
 
 @triton.jit
-def segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU: tl.constexpr):
-    """(d, start, end) of the segment holding each row t ([R] int32), searched in [d_lo, d_hi].
-
-    Rows at or past S get d = N and start = S (nothing of theirs is read or written).
-    """
+def segment_window(cu_ptr, n_seg, d_lo, d_hi, HAS_CU: tl.constexpr):
+    """``seg``: what segment_of_rows needs to place the rows of a program that touches segments
+    d_lo..d_hi, as the tuple (d_lo, d_hi, n_iter, c0, c1, c2, c3, c4), where c_j = cu[d_lo + j]
+    (INT_MAX past cu[N]) are loaded once here, for programs of at most FEW_SEGMENTS segments."""
+    n_iter = search_iters(d_hi - d_lo)
     if HAS_CU:
-        lo = tl.zeros_like(t) + d_lo
-        hi = tl.zeros_like(t) + d_hi
-        it = 0 * n_iter
-        while it < n_iter:  # a while loop: the CPU interpreter cannot range() over a tensor
-            mid = (lo + hi + 1) // 2
-            ok = tl.load(cu_ptr + mid) <= t
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
-            it += 1
-        start = tl.load(cu_ptr + lo)
-        end = tl.load(cu_ptr + lo + 1, mask=lo < n_seg, other=2147483647)
-        d = lo
+        c0 = tl.load(cu_ptr + d_lo, mask=d_lo <= n_seg, other=2147483647)
+        c1 = tl.load(cu_ptr + d_lo + 1, mask=d_lo + 1 <= n_seg, other=2147483647)
+        c2 = tl.load(cu_ptr + d_lo + 2, mask=d_lo + 2 <= n_seg, other=2147483647)
+        c3 = tl.load(cu_ptr + d_lo + 3, mask=d_lo + 3 <= n_seg, other=2147483647)
+        c4 = tl.load(cu_ptr + d_lo + 4, mask=d_lo + 4 <= n_seg, other=2147483647)
+    else:
+        c0 = n_iter * 0
+        c1 = c0
+        c2 = c0
+        c3 = c0
+        c4 = c0
+    return (d_lo, d_hi, n_iter, c0, c1, c2, c3, c4)
+
+
+FEW_SEGMENTS = tl.constexpr(4)  # programs touching at most this many segments place rows without loads
+
+
+@triton.jit
+def _step_segment(t, j, d_lo, d_hi, cj, cj1, d, start, end):
+    """Move rows t at or past boundary cj = cu[d_lo + j] (j <= d_hi - d_lo) into segment d_lo + j."""
+    hit = (t >= cj) & (d_lo + j <= d_hi)
+    return tl.where(hit, d_lo + j, d), tl.where(hit, cj, start), tl.where(hit, cj1, end)
+
+
+@triton.jit
+def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: tl.constexpr):
+    """(d, start, end) of the segment holding each row t ([R] int32), searched in seg's d_lo..d_hi.
+
+    FEW (the program touches at most FEW_SEGMENTS segments): compares with the boundaries c_j that
+    segment_window loaded, no loads here; else a binary search over cu. Rows at or past S get
+    d = N and start = S (nothing of theirs is read or written).
+    """
+    d_lo, d_hi, n_iter, c0, c1, c2, c3, c4 = seg
+    if HAS_CU:
+        if FEW:
+            d = tl.zeros_like(t) + d_lo
+            start = tl.zeros_like(t) + c0
+            end = tl.zeros_like(t) + c1
+            d, start, end = _step_segment(t, 1, d_lo, d_hi, c1, c2, d, start, end)
+            d, start, end = _step_segment(t, 2, d_lo, d_hi, c2, c3, d, start, end)
+            d, start, end = _step_segment(t, 3, d_lo, d_hi, c3, c4, d, start, end)
+        else:
+            lo = tl.zeros_like(t) + d_lo
+            hi = tl.zeros_like(t) + d_hi
+            it = 0 * n_iter
+            while it < n_iter:  # a while loop: the CPU interpreter cannot range() over a tensor
+                mid = (lo + hi + 1) // 2
+                ok = tl.load(cu_ptr + mid) <= t
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+                it += 1
+            start = tl.load(cu_ptr + lo)
+            end = tl.load(cu_ptr + lo + 1, mask=lo < n_seg, other=2147483647)
+            d = lo
     else:
         d = tl.minimum(t // seq_len, n_seg)
         start = d * seq_len

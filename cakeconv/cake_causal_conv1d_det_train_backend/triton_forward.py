@@ -24,8 +24,9 @@ from .triton_common import (
     load_rows,
     load_window,
     row_list_setup,
-    search_iters,
+    FEW_SEGMENTS,
     segment_of_rows,
+    segment_window,
     sigmoid_f32,
     store_at,
     load_at,
@@ -34,10 +35,10 @@ from .triton_common import (
 
 
 @triton.jit
-def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr):
+def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, seg,
+              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, FEW: tl.constexpr):
     """Mask the three history taps of rows t: zero (or halo row) before the segment's start."""
-    d, start, end = segment_of_rows(cu_ptr, t, d_lo, d_hi, n_iter, n_seg, seq_len, HAS_CU)
+    d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
     pos = t - start
     a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
     a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
@@ -47,42 +48,41 @@ def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, d
 
 @triton.jit
 def _fwd_row(yp, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
-             n_seg, seq_len, d_lo, d_hi, n_iter,
-             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr):
+             n_seg, seq_len, seg,
+             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
     """y[t] = silu(pre[t]) for one row of every sub-run."""
     if MASKED:
         a3, a2, a1 = _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len,
-                               d_lo, d_hi, n_iter, HAS_CU, HAS_HIST)
+                               seg, HAS_CU, HAS_HIST, FEW)
     pre = conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0)
     store_at(yp, t, pre * sigmoid_f32(pre), cmask, S, MASKED)
 
 
 @triton.jit
 def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
-              S, C, n_seg, seq_len, d_lo, d_hi, n_iter,
-              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr):
+              S, C, n_seg, seq_len, seg,
+              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
     """Outputs of rows t .. t + 3 from the seven rows t - 3 .. t + 3."""
     _fwd_row(yp, t, xm3, xm2, xm1, xa, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
-             S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
+             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + sy, t + 1, xm2, xm1, xa, xb, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
+             sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + 2 * sy, t + 2, xm1, xa, xb, xc, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
+             sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + 3 * sy, t + 3, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
+             sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
 
 
 @triton.jit
 def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-             d_lo, d_hi, b, w0, w1, w2, w3,
-             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, SUB: tl.constexpr,
+             seg, b, w0, w1, w2, w3,
+             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr, SUB: tl.constexpr,
              STAGES: tl.constexpr):
     """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, four rows per step.
 
     STAGES > 1 lets Triton software-pipeline the loop: the loads of the next STAGES - 1 steps go to
     shared memory (cp.async) while this step computes, holding no registers while in flight.
     """
-    n_iter = search_iters(d_hi - d_lo)
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
     xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
@@ -96,7 +96,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED)
         xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
         _fwd_step(y_base + i * sy, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
-                  cmask, sy, S, C, n_seg, seq_len, d_lo, d_hi, n_iter, HAS_CU, HAS_HIST, MASKED)
+                  cmask, sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
         xm3 = xb
         xm2 = xc
         xm1 = xd
@@ -110,14 +110,17 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                          R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """y[t, c] = silu(b[c] + sum_k w[c, k] * x[t - 3 + k, c]), rows of other segments read as 0.
 
-    Grid: (cdiv(S, R * SUB), cdiv(C, BC)). C8 = C / 8 and SX8, SY8 = row strides / 8 (so the
+    Grid: (cdiv(S, R * SUB) * cdiv(C, BC),). C8 = C / 8 and SX8, SY8 = row strides / 8 (so the
     compiler knows every row starts 16-byte aligned); the strides are compile-time constants, so
     the rows of a loop step are one base address plus immediate offsets. ``hist`` [N, 3, C] (HAS_HIST, KCP) holds
     the x rows before each segment's first row, zero where its document has none.
     """
-    pid_s = tl.program_id(0)
-    pid_c = tl.program_id(1)
     C = C8 * 8
+    # 1-D grid, channel blocks fastest: the programs of one row block run side by side and
+    # read whole rows together.
+    n_cblk = tl.cdiv(C, BC)
+    pid_s = tl.program_id(0) // n_cblk
+    pid_c = tl.program_id(0) % n_cblk
     sx: tl.constexpr = SX8 * 8
     sy: tl.constexpr = SY8 * 8
     cols = pid_c * BC + tl.arange(0, BC)
@@ -132,12 +135,18 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     if masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
-        _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 d_lo, d_hi, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, SUB, STAGES)
+        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, HAS_CU)
+        if d_hi - d_lo < FEW_SEGMENTS:
+            _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, True, SUB, STAGES)
+        else:
+            _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, False, SUB, STAGES)
     else:
         # No boundary in (p0 - 3, p_last]: every tap is inside, every row inside [0, S).
+        no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 n_lo, n_lo, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, SUB, STAGES)
+                 no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, False, SUB, STAGES)
 
 
 @triton.jit
@@ -157,4 +166,4 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     sy = sy8.to(tl.int64) * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     _fwd_row(row_ptrs(y_ptr, t, sy, cols), t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
-             n_seg, S, 0, n_seg - 1, search_iters(n_seg - 1), True, True, True)
+             n_seg, S, segment_window(cu_ptr, n_seg, 0, n_seg - 1, True), True, True, True, False)

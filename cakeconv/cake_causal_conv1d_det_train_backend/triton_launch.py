@@ -60,7 +60,7 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
         return y_SC
     cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
     cfg = config or tuning.pick_fwd_config(C, x_SC.element_size(), interpreting())
-    grid = (tuning.cdiv(S, cfg.R * cfg.SUB), tuning.cdiv(C, cfg.BC))
+    grid = (tuning.cdiv(S, cfg.R * cfg.SUB) * tuning.cdiv(C, cfg.BC),)
     dummy = w_CW
     cake_conv_fwd_kernel[grid](
         x_SC, y_SC, w_CW, b_C if b_C is not None else dummy,
@@ -68,7 +68,7 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
         S, C // 8, n_seg, T, SX8=x_SC.stride(0) // 8, SY8=y_SC.stride(0) // 8,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
         R=cfg.R, SUB=cfg.SUB, BC=cfg.BC, STAGES=cfg.stages, num_warps=cfg.num_warps,
-        **_NO_FUSION,
+        **tuning.launch_options(cfg), **_NO_FUSION,
     )
     return y_SC
 
@@ -94,7 +94,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     ws_nodes = ws_F[: n_nodes * 5 * C]
     gs = ws_F[n_leaves * 5 * C: (n_leaves + n_groups) * 5 * C]
     dummy = w_CW
-    cake_conv_bwd_kernel[(n_nodes, tuning.cdiv(C, cfg.BC))](
+    cake_conv_bwd_kernel[(n_nodes * tuning.cdiv(C, cfg.BC),)](
         x_SC, dy_SC, dx_SC, w_CW, b_C if b_C is not None else dummy,
         cu if cu is not None else dummy,
         hist_NHC if hist_NHC is not None else dummy, fut_NHC if fut_NHC is not None else dummy,
@@ -102,7 +102,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
         SX8=x_SC.stride(0) // 8, SDY8=dy_SC.stride(0) // 8, SDX8=dx_SC.stride(0) // 8,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
         HAS_FUT=fut_NHC is not None, R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, STAGES=cfg.stages,
-        num_warps=cfg.num_warps, **cfg.launch_options(), **_NO_FUSION,
+        num_warps=cfg.num_warps, **tuning.launch_options(cfg), **_NO_FUSION,
     )
     M = TREE_LEAVES // R
     blk = 16 if interpreting() else _GROUP_BLK
