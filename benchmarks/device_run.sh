@@ -42,8 +42,8 @@ for step in "$@"; do
          "$NCU" --clock-control none -k 'regex:cake_conv_(fwd|bwd)_kernel' \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
            --section LaunchStats --section WarpStateStats --section SchedulerStats \
-           python3 benchmarks/ncu_profile.py --C 512 > "$OUT/ncu.txt" 2>&1
-         grep -E "cake_conv|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|forward|backward" "$OUT/ncu.txt" | head -80 ;;
+           python3 benchmarks/ncu_profile.py --C 128,512 > "$OUT/ncu.txt" 2>&1
+         grep -E "cake_conv|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|Issued Warp|No Eligible|Issue Slots|forward|backward" "$OUT/ncu.txt" | head -80 ;;
     bench) python3 benchmarks/bench_cake_causal_conv1d_det.py --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -60 ;;
     benchsplit) mkdir -p "$OUT/bench_ours" "$OUT/bench_peers"
          # the whole grid for ours (fast), then the peers on five shapes (FLA autotunes ~20 s per new shape)

@@ -3,8 +3,8 @@
     ncu --clock-control none -k regex:cake_conv --section SpeedOfLight ... \
         python benchmarks/ncu_profile.py --C 512
 
-Launches, per C: the default forward and backward (software-pipelined) and the v2 ones (not
-pipelined), plus a device-to-device copy of the same bytes. The counters are ncu's output; this script only launches.
+Launches, per C: the forward and the backward with the tuner's picks, plus a device-to-device copy
+of the same bytes. The counters are ncu's output; this script only launches.
 """
 
 import argparse
@@ -30,16 +30,12 @@ def main():
         cu = random_cu(S, C)
         ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
         dw, db = torch.empty(C, 4, device="cuda"), torch.empty(C, device="cuda")
-        fwd_default = tuning.pick_fwd_config(C, 2, False)
-        fwd_v2 = tuning.FwdConfig(R=8, SUB=32, BC=128, num_warps=4)
-        bwd_default = tuning.pick_bwd_config(C, 2, False)
-        bwd_v2 = tuning.BwdConfig(R=4, BC=128, num_warps=4)
-        for cfg in (fwd_default, fwd_v2):
-            print(f"C={C} forward {cfg}", flush=True)
-            triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
-        for cfg in (bwd_default, bwd_v2):
-            print(f"C={C} backward {cfg}", flush=True)
-            triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+        cfg = tuning.pick_fwd_config(C, 2, False)
+        print(f"C={C} forward {cfg}", flush=True)
+        triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
+        cfg = tuning.pick_bwd_config(C, 2, False)
+        print(f"C={C} backward {cfg}", flush=True)
+        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
         y.copy_(x)
         torch.cuda.synchronize()
     return 0
