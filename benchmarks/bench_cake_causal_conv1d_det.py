@@ -744,6 +744,10 @@ def main(argv=None):
     copy_bytes = args.copy_bytes if not args.dry_run else 64 * 2**20
     copy_gbs_0, copy_all_0 = measure_copy_bandwidth(torch, device, timer, copy_bytes, 10)
     log(f"copy bandwidth (start): {copy_gbs_0:.0f} GB/s (read + write, median of 10)")
+    partial_path = os.path.join(args.out, FILE_STEM + ".partial.jsonl")
+    os.makedirs(args.out, exist_ok=True)
+    with open(partial_path, "w") as f:  # rows follow as they are measured (plot_results.py reads this file too)
+        f.write(json.dumps({"kind": "env", **env, "copy_gbs_start": copy_gbs_0, "partial": True}) + "\n")
     log(f"{env['gpu']}  torch {env['torch']}  triton {env['triton']}  providers {[p.name for p in provs]}  "
         f"shapes {len(shapes)}  bias {bias_variants}  passes {passes}  reps {reps} (+{warmup} warm-up)")
 
@@ -849,10 +853,10 @@ def main(argv=None):
                                 "times": ts, "host_ms": statistics.median(host_times[(name, p_)]),
                                 "n_docs": sh.n_docs, "n_sets": n_sets})
                 # Written as we go, so a run cut short by a time limit still leaves its rows.
-                os.makedirs(args.out, exist_ok=True)
-                with open(os.path.join(args.out, FILE_STEM + ".partial.jsonl"), "a") as f:
-                    f.write(json.dumps({"S": S, "C": C, "pass": p_, "provider": name, "bias": use_bias,
-                                        "median_ms": statistics.median(ts), "n_docs": sh.n_docs}) + "\n")
+                with open(partial_path, "a") as f:
+                    f.write(json.dumps({"kind": "partial", "S": S, "C": C, "pass": p_, "provider": name,
+                                        "bias": use_bias, "median_ms": statistics.median(ts), "n": len(ts),
+                                        "n_docs": sh.n_docs, "n_sets": n_sets}) + "\n")
             calls = handles = None  # drop the closures (they hold this shape's tensors)
             for p in active:
                 p.release_bias()

@@ -2,6 +2,10 @@
 """Redraw the plot and reprint the table of bench_cake_causal_conv1d_det.py from its JSON-lines output.
 
     python benchmarks/plot_results.py benchmarks/results/bench_cake_causal_conv1d_det.jsonl [--out DIR]
+
+Also reads the ``.partial.jsonl`` file a run writes as it goes (a run cut short by a time limit): its
+rows are rated against the copy bandwidth measured at the start (the only reading it has), and the
+CSV and JSON-lines files of a finished run are written beside the plot.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ def main(argv=None):
     p.add_argument("--ceiling", choices=("stored", "max"), default="max",
                    help="copy ceiling: the one stored in the file, or the higher of its start/end readings")
     args = p.parse_args(argv)
-    env, rows, checks = {}, [], []
+    env, rows, checks, partial = {}, [], [], []
     with open(args.jsonl) as f:
         for line in f:
             if not line.strip():
@@ -36,9 +40,13 @@ def main(argv=None):
                 rows.append(r)
             elif kind == "check":
                 checks.append(r)
+            elif kind == "partial":
+                partial.append(r)
+    if partial and not rows:
+        rows = partial_rows(partial, env)
     if not rows:
         raise SystemExit(f"no timing rows in {args.jsonl}")
-    if args.ceiling == "max" and "copy_gbs_start" in env:
+    if args.ceiling == "max" and "copy_gbs_end" in env:
         # Fractions against the higher copy reading (files written before the benchmark used it
         # stored the median of both readings).
         env["copy_gbs"] = max(env["copy_gbs_start"], env["copy_gbs_end"])
@@ -54,12 +62,39 @@ def main(argv=None):
     out = args.out or os.path.dirname(os.path.abspath(args.jsonl))
     os.makedirs(out, exist_ok=True)
     notes = list(env.get("notes", []))
+    if partial:
+        notes.append(f"run cut short: {len(rows)} rows of the partial file, rated against the copy bandwidth "
+                     f"measured at the start ({env['copy_gbs']:.0f} GB/s; no end reading)")
+        bench.write_outputs(rows, checks, env, notes, out, env.get("elapsed_s", float("nan")))
     png = bench.plot(rows, sweep_s, env, out, notes)
     passes = [p_ for p_ in bench.PASSES if any(r["pass"] == p_ for r in rows)]
     biases = [b for b in (False, True) if any(r["bias"] == b for r in rows)]
     print(bench.format_table(rows, checks, env, notes, passes, biases, sweep_s, [png] if png else [],
                              env.get("elapsed_s", float("nan"))))
     return 0
+
+
+def partial_rows(partial, env):
+    """Timing rows (as the benchmark builds them) from the rows of a partial file."""
+    env["copy_gbs"] = env["copy_gbs_start"]
+    env["copy_gbs_end"] = float("nan")
+    rows = []
+    for r in partial:
+        floor = bench.FLOOR_FACTOR[r["pass"]] * r["S"] * r["C"] * 2
+        gbs = floor / (r["median_ms"] * 1e-3) / 1e9
+        rows.append({"kind": "timing", **{k: env.get(k) for k in ("date", "gpu", "torch", "triton", "cakeconv",
+                                                                    "ours_backend", "fla", "causal_conv1d")},
+                     "S": r["S"], "C": r["C"], "pass": r["pass"], "provider": r["provider"], "bias": r["bias"],
+                     "ms": r["median_ms"], "n": r.get("n"), "floor_bytes": floor, "gbs": gbs,
+                     "fraction": gbs / env["copy_gbs"], "copy_gbs": env["copy_gbs"], "host_ms": 0.0,
+                     "n_docs": r.get("n_docs"), "n_sets": r.get("n_sets")})
+    for r in rows:
+        if r["provider"] not in bench.PEERS:
+            for peer in bench.PEERS:
+                pm = next((q["ms"] for q in rows if q["provider"] == peer and
+                           (q["S"], q["C"], q["pass"], q["bias"]) == (r["S"], r["C"], r["pass"], r["bias"])), None)
+                r[f"speedup_vs_{peer}"] = (pm / r["ms"]) if pm else None
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""The single-rank benchmark's --dry-run (CPU, reference backend) and plot_results.py on its files.
+
+A run writes its rows twice: as it goes (``.partial.jsonl``: an env line, then one row per
+measurement, so a run cut short by a time limit keeps them) and at the end (JSON lines, CSV, table).
+plot_results.py must rebuild, from the partial file alone, the same rows (same medians, same floor
+bytes) as the finished run, rated against the start copy reading.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(REPO_ROOT, "benchmarks", "bench_cake_causal_conv1d_det.py")
+PLOT = os.path.join(REPO_ROOT, "benchmarks", "plot_results.py")
+STEM = "bench_cake_causal_conv1d_det"
+
+
+def _run(args, cwd):
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable] + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return out.stdout
+
+
+def _csv_rows(path):
+    with open(path) as f:
+        return {(r["S"], r["C"], r["pass"], r["provider"], r["bias"]): r for r in csv.DictReader(f)}
+
+
+def test_dry_run_partial_file_rebuilds_the_finished_rows(tmp_path):
+    run_dir, re_dir = tmp_path / "run", tmp_path / "replot"
+    table = _run([BENCH, "--dry-run", "--no-plot", "--out", str(run_dir)], tmp_path)
+    assert "fwd+bwd" in table
+    with open(run_dir / f"{STEM}.partial.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert lines[0]["kind"] == "env" and lines[0]["copy_gbs_start"] > 0
+    partial = [r for r in lines[1:] if r["kind"] == "partial"]
+    assert len(partial) == len(lines) - 1 and partial
+
+    final = _csv_rows(run_dir / f"{STEM}.csv")
+    assert len(final) == len(partial)
+    re_table = _run([PLOT, str(run_dir / f"{STEM}.partial.jsonl"), "--out", str(re_dir)], tmp_path)
+    assert "run cut short" in re_table
+    rebuilt = _csv_rows(re_dir / f"{STEM}.csv")
+    assert rebuilt.keys() == final.keys()
+    start = lines[0]["copy_gbs_start"]
+    for key, row in rebuilt.items():
+        assert float(row["ms"]) == float(final[key]["ms"])
+        assert row["floor_bytes"] == final[key]["floor_bytes"]
+        assert abs(float(row["fraction"]) - float(row["gbs"]) / start) < 1e-12
