@@ -129,3 +129,24 @@ def test_triton_empty_and_tiny_documents():
     cu = torch.tensor([0, 1, 1, 3, 6], dtype=torch.int32)
     tri, ref = _both(x, w, b, cu, dy)
     assert _ulp_close(tri[0], ref[0], torch.bfloat16) and _ulp_close(tri[1], ref[1], torch.bfloat16)
+
+
+def test_triton_row_bits_do_not_depend_on_the_segment_lookup_path():
+    """A masked program touching at most 4 segments compares rows with boundaries it loaded once;
+    one touching more runs a binary search per row. The same document rows must get the same bits
+    either way: here the first program of layout A holds 10 one-token documents (search path), that
+    of layout B one 10-token document (compare path), and the long document after them is the same.
+    """
+    S, C, head = 200, 16, 10
+    x, w, b, dy = make_inputs(S, C, seed=11)
+    cu_a = torch.tensor(list(range(head + 1)) + [S], dtype=torch.int32)
+    cu_b = torch.tensor([0, head, S], dtype=torch.int32)
+    y_a = cake_causal_conv1d_det_train_forward(x, w, b, cu_a, backend="triton")
+    y_b = cake_causal_conv1d_det_train_forward(x, w, b, cu_b, backend="triton")
+    assert torch.equal(y_a[head:], y_b[head:])
+    dx_a = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu_a, backend="triton")[0]
+    dx_b = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu_b, backend="triton")[0]
+    assert torch.equal(dx_a[head:], dx_b[head:])
+    for cu, y, dx in ((cu_a, y_a, dx_a), (cu_b, y_b, dx_b)):
+        assert rel_err(y, causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[x.dtype]
+        assert rel_err(dx, causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)[0]) < TOLERANCES[x.dtype]
