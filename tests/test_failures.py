@@ -5,6 +5,8 @@ The caches this library keeps on the host: the set of cu_seqlens tensors already
 A failure part-way must leave nothing half-built, and the next valid call must work.
 """
 
+import gc
+
 import pytest
 import torch
 
@@ -31,7 +33,7 @@ def test_failed_validation_is_not_cached():
     for _ in range(2):  # the second call must fail again, not hit a cache
         with pytest.raises(ValueError, match="start at 0"):
             cake_causal_conv1d_det_train_forward(x, w, b, cu)
-    assert id(cu) not in checks._checked_cu
+    assert not checks._cu_values_checked(cu, 32)
     cu[0] = 0
     assert cake_causal_conv1d_det_train_forward(x, w, b, cu).shape == x.shape
 
@@ -70,3 +72,16 @@ def test_kcp_context_build_failure_leaves_nothing(monkeypatch):
     x, w, b, _ = make_inputs(16, 8, seed=4)
     y = cakeconv.cake_causal_conv1d_det_kcp(ctx.shard(x), w, ctx, bias=b)
     assert torch.equal(y, cake_causal_conv1d_det_train_forward(x, w, b, cu)[ctx.local_token_indices])
+
+
+def test_validated_cu_entry_leaves_with_its_tensor():
+    """The cache of validated cu_seqlens is keyed by id(): a dead tensor's entry must go, or a later
+    tensor given the same id could find it."""
+    x, w, b, _ = make_inputs(32, 16, seed=3)
+    cu = torch.tensor([0, 5, 32], dtype=torch.int32)
+    cake_causal_conv1d_det_train_forward(x, w, b, cu)
+    key = id(cu)
+    assert checks._cu_values_checked(cu, 32)
+    del cu
+    gc.collect()
+    assert key not in checks._checked_cu

@@ -96,7 +96,9 @@ def check_cu_values(cu: torch.Tensor, S: int) -> None:
         raise ValueError(f"cu_seqlens must end at the number of tokens S = {S}, got cu_seqlens[-1] = {v[-1].item()}")
     if len(_checked_cu) > 256:
         _checked_cu.clear()
-    _checked_cu[id(cu)] = (weakref.ref(cu), cu._version, S)
+    key = id(cu)
+    # The entry leaves with its tensor (a later tensor may get the same id).
+    _checked_cu[key] = (weakref.ref(cu, lambda _ref, key=key: _checked_cu.pop(key, None)), cu._version, S)
 
 
 def check_problem(x, weight, bias, cu_seqlens, backend) -> Problem:
