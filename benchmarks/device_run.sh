@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
 #   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [onedoc] [kerneltimes] [sweep|sweepbwd] [ncu]
-#                                 [bench|benchsplit|benchquick]
+#                                 [benchwarm] [bench|benchsplit|benchquick]
 # Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
 set -u
 OUT=${OUT:-./device_out}
@@ -44,6 +44,15 @@ for step in "$@"; do
            --section LaunchStats --section WarpStateStats --section SchedulerStats \
            python3 benchmarks/ncu_profile.py --C 128,512 > "$OUT/ncu.txt" 2>&1
          grep -E "cake_conv|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|Issued Warp|No Eligible|Issue Slots|forward|backward" "$OUT/ncu.txt" | head -80 ;;
+    benchwarm) # compile every kernel the grid needs in 8 processes at once (Triton's disk cache is shared), so
+         # the timed run that follows does not spend ~20 s per new (C, bias, S % 16) compiling (session 3 ran out of time)
+         mkdir -p "$OUT/warm"; i=0
+         for cs in ${WARM_GROUPS:-512 128,8192 256,4096 1024,2560 1160 1280,2048 1344 1536}; do
+           python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$cs" --reps 1 --warmup 1 \
+             --no-check --no-plot --copy-bytes 67108864 ${WARM_ARGS:-} --out "$OUT/warm/$i" > "$OUT/warm/$i.log" 2>&1 &
+           i=$((i + 1))
+         done
+         wait; echo "warm-up: $(cat "$OUT"/warm/*/bench_cake_causal_conv1d_det.csv 2>/dev/null | grep -c ours) rows compiled and run once" ;;
     bench) python3 benchmarks/bench_cake_causal_conv1d_det.py --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -60 ;;
     benchsplit) mkdir -p "$OUT/bench_ours" "$OUT/bench_peers"
          # the whole grid for ours (fast), then the peers on five shapes (FLA autotunes ~20 s per new shape)
