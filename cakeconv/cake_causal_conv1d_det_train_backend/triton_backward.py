@@ -206,9 +206,10 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
                          STAGES: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
-    Grid: (cdiv(S, R * SUB) * cdiv(C, BC),). SX8, SDY8, SDX8: row strides / 8, compile-time
-    constants (a loop step's rows are one base address plus immediate offsets). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the
-    level-LOGR node of the pairwise leaf tree. ``hist`` [N, 3, C] (HAS_HIST) and ``fut`` [N, 3, C]
+    Grid: (cdiv(S, R * SUB) * cdiv(C, BC),), channel blocks fastest. SX8, SDY8, SDX8: row
+    strides / 8, compile-time constants (a loop step's rows are one base address plus immediate
+    offsets). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the level-LOGR node of the
+    pairwise leaf tree. ``hist`` [N, 3, C] (HAS_HIST) and ``fut`` [N, 3, C]
     FP32 (HAS_FUT) hold the x rows before and the g rows after each segment (KCP). Without HAS_FUT
     the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
     cake_conv_bwd_dx_rows_kernel once fut has arrived (the exchange overlaps this kernel).

@@ -6,8 +6,9 @@ S packed tokens, C channels, N segments (documents, or document pieces under KCP
 A program's rows are R sub-runs of consecutive tokens; each register tile is [R, BC] and holds one
 row of every sub-run. Segment boundaries come from ``cu`` (``HAS_CU``) or, for [B, T, C] input,
 from the uniform length ``seq_len`` (boundaries d * T). A program whose rows (and the rows its
-taps reach) contain no boundary takes the unmasked path; otherwise it looks up, for each row t,
-its segment d(t) by a binary search restricted to the few segments the program touches.
+taps reach) contain no boundary takes the unmasked path; otherwise it places each row t in its
+segment d(t): by comparing t with the boundaries it loaded once when the program touches at most
+FEW_SEGMENTS segments (nearly always), else by a binary search restricted to those segments.
 """
 
 import os

@@ -110,9 +110,10 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                          R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
     """y[t, c] = silu(b[c] + sum_k w[c, k] * x[t - 3 + k, c]), rows of other segments read as 0.
 
-    Grid: (cdiv(S, R * SUB) * cdiv(C, BC),). C8 = C / 8 and SX8, SY8 = row strides / 8 (so the
-    compiler knows every row starts 16-byte aligned); the strides are compile-time constants, so
-    the rows of a loop step are one base address plus immediate offsets. ``hist`` [N, 3, C] (HAS_HIST, KCP) holds
+    Grid: (cdiv(S, R * SUB) * cdiv(C, BC),), channel blocks fastest. C8 = C / 8 and SX8, SY8 =
+    row strides / 8 (so the compiler knows every row starts 16-byte aligned); the strides are
+    compile-time constants, so the rows of a loop step are one base address plus immediate
+    offsets. ``hist`` [N, 3, C] (HAS_HIST, KCP) holds
     the x rows before each segment's first row, zero where its document has none.
     """
     C = C8 * 8
