@@ -150,3 +150,25 @@ def test_triton_row_bits_do_not_depend_on_the_segment_lookup_path():
     for cu, y, dx in ((cu_a, y_a, dx_a), (cu_b, y_b, dx_b)):
         assert rel_err(y, causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[x.dtype]
         assert rel_err(dx, causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)[0]) < TOLERANCES[x.dtype]
+
+
+@pytest.mark.parametrize("width", [48, 44])
+def test_triton_row_strided_inputs_give_the_contiguous_bits(width):
+    """x and dy as column slices of wider tensors (a fused projection's output: row stride = width,
+    a compile-time constant of the kernels; 44 is not a multiple of 8, so the op copies first):
+    the same bits as contiguous inputs."""
+    S, C = 150, 16
+    x, w, b, dy = make_inputs(S, C, seed=12)
+    cu = torch.tensor([0, 40, 41, S], dtype=torch.int32)
+    x_wide = torch.zeros(S, width, dtype=x.dtype)
+    dy_wide = torch.zeros(S, width, dtype=dy.dtype)
+    x_wide[:, 8:8 + C] = x
+    dy_wide[:, 8:8 + C] = dy
+    x_s, dy_s = x_wide[:, 8:8 + C], dy_wide[:, 8:8 + C]
+    assert x_s.stride(0) == width
+    y = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
+    assert torch.equal(cake_causal_conv1d_det_train_forward(x_s, w, b, cu, backend="triton"), y)
+    ref = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
+    got = cake_causal_conv1d_det_train_backward(dy_s, x_s, w, b, cu, backend="triton")
+    for r, g in zip(ref, got):
+        assert torch.equal(r, g)
