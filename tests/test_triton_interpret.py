@@ -134,22 +134,25 @@ def test_triton_empty_and_tiny_documents():
 def test_triton_row_bits_do_not_depend_on_the_segment_lookup_path():
     """A masked program touching at most 4 segments compares rows with boundaries it loaded once;
     one touching more runs a binary search per row. The same document rows must get the same bits
-    either way: here the first program of layout A holds 10 one-token documents (search path), that
-    of layout B one 10-token document (compare path), and the long document after them is the same.
+    either way: the first 10 tokens are cut into documents in several ways (the first program then
+    touches 2, 4 (the most for the compare path), 5, 11 segments), and the long document after them
+    is the same in every layout.
     """
     S, C, head = 200, 16, 10
     x, w, b, dy = make_inputs(S, C, seed=11)
-    cu_a = torch.tensor(list(range(head + 1)) + [S], dtype=torch.int32)
-    cu_b = torch.tensor([0, head, S], dtype=torch.int32)
-    y_a = cake_causal_conv1d_det_train_forward(x, w, b, cu_a, backend="triton")
-    y_b = cake_causal_conv1d_det_train_forward(x, w, b, cu_b, backend="triton")
-    assert torch.equal(y_a[head:], y_b[head:])
-    dx_a = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu_a, backend="triton")[0]
-    dx_b = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu_b, backend="triton")[0]
-    assert torch.equal(dx_a[head:], dx_b[head:])
-    for cu, y, dx in ((cu_a, y_a, dx_a), (cu_b, y_b, dx_b)):
+    heads = ([10], [1, 1, 8], [3, 3, 4], [1, 1, 1, 7], [1] * 10)
+    outs = []
+    for lens in heads:
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist() + [S], dtype=torch.int32)
+        assert cu[-2] == head
+        y = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
+        dx = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")[0]
         assert rel_err(y, causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[x.dtype]
         assert rel_err(dx, causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)[0]) < TOLERANCES[x.dtype]
+        outs.append((y[head:], dx[head:]))
+    for lens, (y, dx) in zip(heads[1:], outs[1:]):
+        assert torch.equal(y, outs[0][0]), lens
+        assert torch.equal(dx, outs[0][1]), lens
 
 
 @pytest.mark.parametrize("width", [48, 44])
