@@ -47,7 +47,7 @@ def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, s
 
 
 @triton.jit
-def _fwd_row(yp, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
+def _fwd_row(yp, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, S, C,
              n_seg, seq_len, seg,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
     """y[t] = silu(pre[t]) for one row of every sub-run."""
@@ -63,14 +63,14 @@ def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, h
               S, C, n_seg, seq_len, seg,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
     """Outputs of rows t .. t + 3 from the seven rows t - 3 .. t + 3."""
-    _fwd_row(yp, t, xm3, xm2, xm1, xa, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
+    _fwd_row(yp, t, xm3, xm2, xm1, xa, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
              S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + sy, t + 1, xm2, xm1, xa, xb, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + 2 * sy, t + 2, xm1, xa, xb, xc, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + 3 * sy, t + 3, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
 
 
 @triton.jit
@@ -166,5 +166,5 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     sx = sx8.to(tl.int64) * 8
     sy = sy8.to(tl.int64) * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
-    _fwd_row(row_ptrs(y_ptr, t, sy, cols), t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy, S, C,
+    _fwd_row(row_ptrs(y_ptr, t, sy, cols), t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, S, C,
              n_seg, S, segment_window(cu_ptr, n_seg, 0, n_seg - 1, True), True, True, True, False)
