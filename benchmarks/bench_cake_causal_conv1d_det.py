@@ -910,52 +910,58 @@ def main(argv=None):
     return 0
 
 
-def build_rows(results, env, copy_gbs, reps, warmup, args):
-    rows = []
-    by_key = {}
-    for r in results:
-        by_key[(r["S"], r["C"], r["pass"], r["bias"], r["provider"])] = statistics.median(r["times"])
-    for r in results:
-        ts = r["times"]
-        ms = statistics.median(ts)
-        floor = FLOOR_FACTOR[r["pass"]] * r["S"] * r["C"] * 2
-        gbs = floor / (ms * 1e-3) / 1e9
-        row = {
-            "kind": "timing",
-            "date": env["date"],
-            "gpu": env["gpu"],
-            "torch": env["torch"],
-            "triton": env["triton"],
-            "cakeconv": env["cakeconv"],
-            "ours_backend": env["ours_backend"],
-            "fla": env.get("fla"),
-            "causal_conv1d": env.get("causal_conv1d"),
-            "S": r["S"],
-            "C": r["C"],
-            "pass": r["pass"],
-            "provider": r["provider"],
-            "bias": r["bias"],
-            "ms": ms,
-            "ms_p10": percentile(ts, 0.1),
-            "ms_p90": percentile(ts, 0.9),
-            "n": len(ts),
-            "warmup": warmup,
-            "floor_bytes": floor,
-            "gbs": gbs,
-            "fraction": gbs / copy_gbs,
-            "copy_gbs": copy_gbs,
-            "host_ms": r["host_ms"],
-            "n_docs": r["n_docs"],
-            "n_sets": r["n_sets"],
-            "l2_flush": not args.no_flush,
-            "host_ahead_us": args.host_ahead_us,
-        }
-        if r["provider"] not in PEERS:
+def timing_row(env, copy_gbs, r, ms, ts=None, warmup=None, l2_flush=None, host_ahead_us=None):
+    """One timing row: a measurement r (S, C, pass, provider, bias, host_ms, n_docs, n_sets) with
+    median ms; ts (all timed calls) gives the percentiles and n when known (else r["n"])."""
+    floor = FLOOR_FACTOR[r["pass"]] * r["S"] * r["C"] * 2
+    gbs = floor / (ms * 1e-3) / 1e9
+    return {
+        "kind": "timing",
+        "date": env["date"],
+        "gpu": env["gpu"],
+        "torch": env["torch"],
+        "triton": env["triton"],
+        "cakeconv": env["cakeconv"],
+        "ours_backend": env["ours_backend"],
+        "fla": env.get("fla"),
+        "causal_conv1d": env.get("causal_conv1d"),
+        "S": r["S"],
+        "C": r["C"],
+        "pass": r["pass"],
+        "provider": r["provider"],
+        "bias": r["bias"],
+        "ms": ms,
+        "ms_p10": percentile(ts, 0.1) if ts else None,
+        "ms_p90": percentile(ts, 0.9) if ts else None,
+        "n": len(ts) if ts else r.get("n"),
+        "warmup": warmup,
+        "floor_bytes": floor,
+        "gbs": gbs,
+        "fraction": gbs / copy_gbs,
+        "copy_gbs": copy_gbs,
+        "host_ms": r.get("host_ms", 0.0),
+        "n_docs": r.get("n_docs"),
+        "n_sets": r.get("n_sets"),
+        "l2_flush": l2_flush,
+        "host_ahead_us": host_ahead_us,
+    }
+
+
+def add_speedups(rows):
+    """speedup_vs_<peer> on our rows: the peer's time over ours for the same (S, C, pass, bias)."""
+    by_key = {(r["S"], r["C"], r["pass"], r["bias"], r["provider"]): r["ms"] for r in rows}
+    for row in rows:
+        if row["provider"] not in PEERS:
             for peer in PEERS:
-                pm = by_key.get((r["S"], r["C"], r["pass"], r["bias"], peer))
-                row[f"speedup_vs_{peer}"] = (pm / ms) if pm else None
-        rows.append(row)
+                pm = by_key.get((row["S"], row["C"], row["pass"], row["bias"], peer))
+                row[f"speedup_vs_{peer}"] = (pm / row["ms"]) if pm else None
     return rows
+
+
+def build_rows(results, env, copy_gbs, reps, warmup, args):
+    rows = [timing_row(env, copy_gbs, r, statistics.median(r["times"]), r["times"], warmup,
+                       not args.no_flush, args.host_ahead_us) for r in results]
+    return add_speedups(rows)
 
 
 CSV_FIELDS = ["date", "gpu", "torch", "triton", "cakeconv", "ours_backend", "fla", "causal_conv1d", "S", "C",

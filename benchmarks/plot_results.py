@@ -78,23 +78,8 @@ def partial_rows(partial, env):
     """Timing rows (as the benchmark builds them) from the rows of a partial file."""
     env["copy_gbs"] = env["copy_gbs_start"]
     env["copy_gbs_end"] = float("nan")
-    rows = []
-    for r in partial:
-        floor = bench.FLOOR_FACTOR[r["pass"]] * r["S"] * r["C"] * 2
-        gbs = floor / (r["median_ms"] * 1e-3) / 1e9
-        rows.append({"kind": "timing", **{k: env.get(k) for k in ("date", "gpu", "torch", "triton", "cakeconv",
-                                                                    "ours_backend", "fla", "causal_conv1d")},
-                     "S": r["S"], "C": r["C"], "pass": r["pass"], "provider": r["provider"], "bias": r["bias"],
-                     "ms": r["median_ms"], "n": r.get("n"), "floor_bytes": floor, "gbs": gbs,
-                     "fraction": gbs / env["copy_gbs"], "copy_gbs": env["copy_gbs"], "host_ms": 0.0,
-                     "n_docs": r.get("n_docs"), "n_sets": r.get("n_sets")})
-    for r in rows:
-        if r["provider"] not in bench.PEERS:
-            for peer in bench.PEERS:
-                pm = next((q["ms"] for q in rows if q["provider"] == peer and
-                           (q["S"], q["C"], q["pass"], q["bias"]) == (r["S"], r["C"], r["pass"], r["bias"])), None)
-                r[f"speedup_vs_{peer}"] = (pm / r["ms"]) if pm else None
-    return rows
+    rows = [bench.timing_row(env, env["copy_gbs"], r, r["median_ms"]) for r in partial]
+    return bench.add_speedups(rows)
 
 
 if __name__ == "__main__":
