@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, triton_launch, tuning
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning
 
 TARGET = GPUTarget("cuda", 90, 32)
 C_REPORT = 512  # the row strides are compile-time constants: contiguous rows of this many channels
@@ -31,23 +31,10 @@ FWD_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32
            "R": "constexpr", "SUB": "constexpr", "BC": "constexpr",
            "STAGES": "constexpr"}
 BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32",
-           "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "gs_ptr": "*fp32",
-           "cnt_ptr": "*i32", "dw_ptr": "*fp32", "db_ptr": "*fp32", "S": "i32", "C8": "i32", "n_seg": "i32",
-           "seq_len": "i32", "n_nodes": "i32", "n_groups": "i32",
-           "SX8": "constexpr", "SDY8": "constexpr", "SDX8": "constexpr",
-           "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr", "HAS_FUT": "constexpr",
-           "HAS_DB": "constexpr", "R": "constexpr", "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr",
-           "STAGES": "constexpr", "M": "constexpr", "LOGM": "constexpr", "CB": "constexpr"}
-BWD_N_PTRS = 13
-
-
-def bwd_consts(cfg, has_hist=False, has_fut=False):
-    """The backward kernel's compile-time arguments for configuration cfg (as triton_launch passes them)."""
-    logr = cfg.R.bit_length() - 1
-    return {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": has_hist, "HAS_FUT": has_fut, "HAS_DB": True,
-            "R": cfg.R, "LOGR": logr, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages,
-            "M": triton_backward.TREE_LEAVES // cfg.R, "LOGM": triton_backward.LOG2_TREE_LEAVES - logr,
-            "CB": triton_launch._TAIL_CB, **BWD_STRIDES}
+           "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
+           "C8": "i32", "n_seg": "i32", "seq_len": "i32", "SX8": "constexpr", "SDY8": "constexpr", "SDX8": "constexpr",
+           "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr", "HAS_FUT": "constexpr", "R": "constexpr",
+           "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr", "STAGES": "constexpr"}
 
 
 def compile_one(fn, sig, consts, cfg, n_ptrs):
@@ -72,8 +59,9 @@ def main():
                   "STAGES": cfg.stages, **FWD_STRIDES}
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg, 6))
     for cfg in tuning.BWD_CONFIGS:
-        rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg), cfg,
-                                               BWD_N_PTRS))
+        consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
+                  "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages, **BWD_STRIDES}
+        rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg, 9))
     for kind, cfg, regs, stack, acc in rows:
         print(f"{kind} {cfg}: regs {regs} stack {stack} accesses {acc}")
     return 0

@@ -17,7 +17,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton  # noqa: E402
-from compile_report import BWD_N_PTRS, BWD_SIG, CUOBJDUMP, FWD_SIG, FWD_STRIDES, TARGET, bwd_consts  # noqa: E402
+from compile_report import BWD_SIG, BWD_STRIDES, CUOBJDUMP, FWD_SIG, FWD_STRIDES, TARGET  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning  # noqa: E402
@@ -70,7 +70,10 @@ def main():
                                 "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg, 6)
     report(f"forward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     cfg = tuning.pick_bwd_config(512, 2, False)
-    sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg), cfg, BWD_N_PTRS)
+    sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG,
+                               {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
+                                "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
+                                "STAGES": cfg.stages, **BWD_STRIDES}, cfg, 9)
     report(f"backward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     return 0
 

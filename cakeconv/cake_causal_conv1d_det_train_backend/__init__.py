@@ -6,7 +6,7 @@ Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_tra
 - ``reference.py``       pure-PyTorch FP32 backend (any device)
 - ``triton_common.py``   Triton helpers (segment search, loads, the FMA sequence, pairwise sums)
 - ``triton_forward.py``  forward kernel
-- ``triton_backward.py`` backward kernel (dx, and dweight/dbias summed in one fixed order)
+- ``triton_backward.py`` backward kernel, group-sum and finalize kernels (fixed-order dweight)
 - ``triton_launch.py``   host launchers
 - ``tuning.py``          launch configurations (never change bits)
 - ``checks.py``          input validation

@@ -1,4 +1,4 @@
-"""Triton backward kernels: one pass for dx and dweight/dbias, summed in FP32 in one fixed order.
+"""Triton backward kernels: one pass for dx and FP32 dweight/dbias partials, then a fixed-order sum.
 
 Shape legend: S packed tokens, C channels, N segments, R sub-runs per program, BC channels per
 program, H = 3 halo rows, L leaves (sub-runs of BWD_SUB rows), G groups of TREE_LEAVES leaves.
@@ -16,9 +16,8 @@ The dweight/dbias sum has ONE order, fixed by S alone (never by a tuning choice)
      (missing groups count as zero), and the block sums in block order (one block up to
      S = 2**21 tokens).
 A program that owns R = 2**j adjacent leaves adds them with the bottom j levels of that same tree
-before writing (fewer partial bytes); the last program of each group to finish sums the group from
-level j, and the last group of a channel block to finish does step 3 (``_reduce_tail``: one launch,
-no separate reduction kernels). So R, BC and the warp count change speed, never bits.
+before writing (fewer partial bytes); the group kernel finishes the tree from level j. So R, BC and
+the warp count change speed, never bits.
 """
 
 import triton
@@ -46,8 +45,8 @@ from .triton_common import (
 BWD_SUB = 32  # rows per leaf of the dweight tree (fixed: part of the summation order)
 TREE_LEAVES = 256  # leaves per group of the pairwise tree (fixed: part of the summation order)
 LOG2_TREE_LEAVES = 8
-GROUP_BLOCK = tl.constexpr(64)  # group sums added as one pairwise tree per block of 64 groups (fixed)
-LOG2_GROUP_BLOCK = tl.constexpr(6)
+GROUP_BLOCK = 64  # group sums added as one pairwise tree per block of 64 groups (fixed)
+LOG2_GROUP_BLOCK = 6
 
 
 @triton.jit
@@ -199,81 +198,18 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
 
 
 @triton.jit
-def _tree_rows(src_ptr, row0, n_rows, col_off, C, cols, cm, NR: tl.constexpr, LOGNR: tl.constexpr,
-               CB: tl.constexpr):
-    """Pairwise tree sum over i = 0..NR-1 of src[row0 + i, col_off + cols] (rows of 5 * C floats;
-    rows >= n_rows read as 0). ``.cg`` loads (L2, not L1): other programs wrote these rows during
-    this launch."""
-    ri = row0 + tl.arange(0, NR)
-    offs = ri.to(tl.int64)[:, None] * 5 * C + col_off + cols[None, :]
-    v = tl.load(src_ptr + offs, mask=(ri < n_rows)[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
-    return pairwise_sum_rows(v, NR, CB, LOGNR)
-
-
-@triton.jit
-def _reduce_tail(ws_ptr, gs_ptr, cnt_ptr, dw_ptr, db_ptr, pid_s, pid_c, n_cblk, n_nodes, n_groups, C,
-                 HAS_DB: tl.constexpr, BC: tl.constexpr, M: tl.constexpr, LOGM: tl.constexpr,
-                 CB: tl.constexpr):
-    """The levels above a program's node, in the fixed order of the module docstring, for its BC
-    channels (taken CB channels at a time: every sum is per channel, so the slicing changes no bit):
-
-        gs[g, k, c] = pairwise tree over the nodes g*M .. g*M + M-1 of ws[:, k, c] (missing: 0)
-        dw[c, k]    = sum, block after block, of the pairwise tree of gs[:, k, c] over each block
-                      of GROUP_BLOCK groups (missing: 0);   db[c] likewise from k = 4.
-
-    Who adds is decided by tickets, an acq_rel atomic add after a block-wide barrier (so every
-    thread's stores of this program come before it): the program that draws the last ticket of its
-    group sums the group; the one that completes the last group of its channel block writes dw and
-    db. Which program adds, and when, never changes the order of the additions.
-    """
-    grp = pid_s // M
-    n_in_group = tl.minimum(n_nodes - grp * M, M)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(cnt_ptr + grp * n_cblk + pid_c, 1, sem="acq_rel", scope="gpu")
-    if ticket == n_in_group - 1:
-        for kj in range(0, 5 * (BC // CB)):
-            k = kj // (BC // CB)
-            cols = pid_c * BC + (kj % (BC // CB)) * CB + tl.arange(0, CB)
-            cm = cols < C
-            s = _tree_rows(ws_ptr, grp * M, n_nodes, k * C, C, cols, cm, M, LOGM, CB)
-            tl.store(gs_ptr + grp.to(tl.int64) * 5 * C + k * C + cols, s, mask=cm)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + n_groups * n_cblk + pid_c, 1, sem="acq_rel", scope="gpu")
-        if done == n_groups - 1:
-            for kj in range(0, 5 * (BC // CB)):
-                k = kj // (BC // CB)
-                cols = pid_c * BC + (kj % (BC // CB)) * CB + tl.arange(0, CB)
-                cm = cols < C
-                acc = tl.zeros([CB], dtype=tl.float32)
-                blk0 = 0 * n_groups
-                while blk0 < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
-                    acc += _tree_rows(gs_ptr, blk0, n_groups, k * C, C, cols, cm, GROUP_BLOCK,
-                                      LOG2_GROUP_BLOCK, CB)
-                    blk0 += GROUP_BLOCK
-                if k < 4:
-                    tl.store(dw_ptr + cols * 4 + k, acc.to(dw_ptr.dtype.element_ty), mask=cm)
-                elif HAS_DB:
-                    tl.store(db_ptr + cols, acc.to(db_ptr.dtype.element_ty), mask=cm)
-
-
-@triton.jit
-def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr, gs_ptr,
-                         cnt_ptr, dw_ptr, db_ptr, S, C8, n_seg, seq_len, n_nodes, n_groups,
+def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
+                         S, C8, n_seg, seq_len,
                          SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
-                         HAS_DB: tl.constexpr, R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr,
-                         BC: tl.constexpr, STAGES: tl.constexpr, M: tl.constexpr, LOGM: tl.constexpr,
-                         CB: tl.constexpr):
-    """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)); the
-    last program of each group of M nodes sums the group, the last group of a channel block
-    writes dw and db.
+                         R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
+                         STAGES: tl.constexpr):
+    """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB) * cdiv(C, BC),), channel blocks fastest. SX8, SDY8, SDX8: row
     strides / 8, compile-time constants (a loop step's rows are one base address plus immediate
     offsets). Writes ws[pid_s, k, c] (k = 0..3 taps, 4 = bias), the level-LOGR node of the
-    pairwise leaf tree; then the reduction tail (``_reduce_tail``: group sums into gs [G, 5, C],
-    dw [C, 4] and db [C] cast to their pointers' dtypes). ``cnt`` holds G + 1 int32 tickets per
-    channel block, zero at launch. ``hist`` [N, 3, C] (HAS_HIST) and ``fut`` [N, 3, C]
+    pairwise leaf tree. ``hist`` [N, 3, C] (HAS_HIST) and ``fut`` [N, 3, C]
     FP32 (HAS_FUT) hold the x rows before and the g rows after each segment (KCP). Without HAS_FUT
     the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
     cake_conv_bwd_dx_rows_kernel once fut has arrived (the exchange overlaps this kernel).
@@ -318,8 +254,66 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     tl.store(base + 2 * C, pairwise_sum_rows(acc2, R, BC, LOGR), mask=cmask)
     tl.store(base + 3 * C, pairwise_sum_rows(acc3, R, BC, LOGR), mask=cmask)
     tl.store(base + 4 * C, pairwise_sum_rows(accb, R, BC, LOGR), mask=cmask)
-    _reduce_tail(ws_ptr, gs_ptr, cnt_ptr, dw_ptr, db_ptr, pid_s, pid_c, n_cblk, n_nodes, n_groups, C,
-                 HAS_DB, BC, M, LOGM, CB)
+
+
+@triton.jit
+def cake_conv_bwd_group_kernel(ws_ptr, gs_ptr, n_nodes, C5,
+                               M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr):
+    """gs[g, j] = pairwise tree sum of ws[g * M + i, j], i = 0..M-1 (missing nodes read as 0).
+
+    Grid: (G, cdiv(5 * C, BLK)). M = TREE_LEAVES / R nodes of level log2(R) per group.
+    """
+    g = tl.program_id(0)
+    pj = tl.program_id(1)
+    cols = pj * BLK + tl.arange(0, BLK)
+    cm = cols < C5
+    nodes = g * M + tl.arange(0, M)
+    offs = nodes.to(tl.int64)[:, None] * C5 + cols[None, :]
+    v = tl.load(ws_ptr + offs, mask=(nodes < n_nodes)[:, None] & cm[None, :], other=0.0)
+    tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, pairwise_sum_rows(v, M, BLK, LOGM), mask=cm)
+
+
+@triton.jit
+def _group_block_sum(gs_ptr, blk0, n_groups, k, C, cols, cm, GB: tl.constexpr, LOGGB: tl.constexpr, BLK: tl.constexpr):
+    """Pairwise tree sum of gs[blk0 + i, k * C + cols] over i = 0..GB-1 (missing groups: 0)."""
+    gi = blk0 + tl.arange(0, GB)
+    offs = gi.to(tl.int64)[:, None] * 5 * C + k * C + cols[None, :]
+    v = tl.load(gs_ptr + offs, mask=(gi < n_groups)[:, None] & cm[None, :], other=0.0)
+    return pairwise_sum_rows(v, GB, BLK, LOGGB)
+
+
+@triton.jit
+def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
+                                  HAS_BIAS: tl.constexpr, BLK: tl.constexpr,
+                                  GB: tl.constexpr, LOGGB: tl.constexpr):
+    """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c].
+
+    Order: a pairwise tree over each block of GB groups, then the blocks in order. Grid:
+    (cdiv(C, BLK),). Results are cast to the dw / db pointers' dtypes.
+    """
+    pc = tl.program_id(0)
+    cols = pc * BLK + tl.arange(0, BLK)
+    cm = cols < C
+    acc0 = tl.zeros([BLK], dtype=tl.float32)
+    acc1 = tl.zeros([BLK], dtype=tl.float32)
+    acc2 = tl.zeros([BLK], dtype=tl.float32)
+    acc3 = tl.zeros([BLK], dtype=tl.float32)
+    accb = tl.zeros([BLK], dtype=tl.float32)
+    blk0 = 0 * n_groups
+    while blk0 < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
+        acc0 += _group_block_sum(gs_ptr, blk0, n_groups, 0, C, cols, cm, GB, LOGGB, BLK)
+        acc1 += _group_block_sum(gs_ptr, blk0, n_groups, 1, C, cols, cm, GB, LOGGB, BLK)
+        acc2 += _group_block_sum(gs_ptr, blk0, n_groups, 2, C, cols, cm, GB, LOGGB, BLK)
+        acc3 += _group_block_sum(gs_ptr, blk0, n_groups, 3, C, cols, cm, GB, LOGGB, BLK)
+        accb += _group_block_sum(gs_ptr, blk0, n_groups, 4, C, cols, cm, GB, LOGGB, BLK)
+        blk0 += GB
+    ty = dw_ptr.dtype.element_ty
+    tl.store(dw_ptr + cols * 4 + 0, acc0.to(ty), mask=cm)
+    tl.store(dw_ptr + cols * 4 + 1, acc1.to(ty), mask=cm)
+    tl.store(dw_ptr + cols * 4 + 2, acc2.to(ty), mask=cm)
+    tl.store(dw_ptr + cols * 4 + 3, acc3.to(ty), mask=cm)
+    if HAS_BIAS:
+        tl.store(db_ptr + cols, accb.to(db_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit

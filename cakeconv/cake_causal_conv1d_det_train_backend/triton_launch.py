@@ -7,24 +7,24 @@ from __future__ import annotations
 
 import os
 
-import torch
 
 from . import tuning
 from .triton_backward import (
     BWD_SUB,
+    GROUP_BLOCK,
+    LOG2_GROUP_BLOCK,
     LOG2_TREE_LEAVES,
     TREE_LEAVES,
+    cake_conv_bwd_finalize_kernel,
     cake_conv_bwd_dx_rows_kernel,
+    cake_conv_bwd_group_kernel,
     cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
 )
 from .triton_forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
 
-# Channels per slice of the reduction tail (the group and final sums of the backward kernel).
-_TAIL_CB = 32
-_TAIL_CB_INTERPRET = 8
-# Smallest channel block of any backward configuration: sizes the ticket counters.
-_MIN_BWD_BC = 8
+_GROUP_BLK = 64
+_FINAL_BLK = 32
 # Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
 # code path (masked / unmasked, varlen / uniform) and not in another, which changes bits.
 _NO_FUSION = dict(enable_fp_fusion=False)
@@ -36,18 +36,13 @@ def interpreting() -> bool:
 
 
 def backward_workspace_floats(S: int, C: int) -> int:
-    """FP32 elements of the backward workspace: level-0 leaf partials, group sums and the int32
-    ticket counters of the reduction tail (G + 1 per channel block).
+    """FP32 elements of the backward workspace: level-0 leaf partials plus group sums.
 
-    Sized for the smallest R and BC a configuration may use, so it never depends on tuning.
+    Sized for the smallest R a configuration may use (R = 1), so it never depends on tuning.
     """
     n_leaves = tuning.cdiv(S, BWD_SUB)
     n_groups = tuning.cdiv(n_leaves, TREE_LEAVES)
-    return 5 * C * (n_leaves + n_groups) + _ticket_count(n_groups, C, _MIN_BWD_BC)
-
-
-def _ticket_count(n_groups: int, C: int, BC: int) -> int:
-    return (n_groups + 1) * tuning.cdiv(C, BC)
+    return 5 * C * (n_leaves + n_groups)
 
 
 def _segments(cu_seqlens, seq_len, S):
@@ -80,10 +75,9 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
                     hist_NHC=None, fut_NHC=None, config=None):
-    """Launch the backward kernel; writes dx_SC, dw_CW and (if given) db_C.
+    """Launch the three backward kernels; writes dx_SC, dw_CW and (if given) db_C.
 
-    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements (any contents: the
-    ticket counters in it are zeroed here, a fill launched before the kernel). KCP: hist_NHC
+    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
     (and fut_NHC, or None while the look-ahead halo is still in flight: triton_dx_rows then
     rewrites the affected rows).
     """
@@ -94,29 +88,33 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     R = cfg.R
     logr = R.bit_length() - 1
     assert 1 << logr == R and R <= TREE_LEAVES
-    cb = _TAIL_CB_INTERPRET if interpreting() else _TAIL_CB
-    assert cfg.BC >= _MIN_BWD_BC and cfg.BC % cb == 0
     n_nodes = tuning.cdiv(S, R * BWD_SUB)
     n_leaves = tuning.cdiv(S, BWD_SUB)
     n_groups = tuning.cdiv(n_leaves, TREE_LEAVES)
-    n_cblk = tuning.cdiv(C, cfg.BC)
     ws_nodes = ws_F[: n_nodes * 5 * C]
     gs = ws_F[n_leaves * 5 * C: (n_leaves + n_groups) * 5 * C]
-    tickets = ws_F[(n_leaves + n_groups) * 5 * C:][: _ticket_count(n_groups, C, cfg.BC)].view(torch.int32)
-    assert tickets.numel() == (n_groups + 1) * n_cblk
-    tickets.zero_()
     dummy = w_CW
-    cake_conv_bwd_kernel[(n_nodes * n_cblk,)](
+    cake_conv_bwd_kernel[(n_nodes * tuning.cdiv(C, cfg.BC),)](
         x_SC, dy_SC, dx_SC, w_CW, b_C if b_C is not None else dummy,
         cu if cu is not None else dummy,
         hist_NHC if hist_NHC is not None else dummy, fut_NHC if fut_NHC is not None else dummy,
-        ws_nodes, gs, tickets, dw_CW, db_C if db_C is not None else dw_CW,
-        S, C // 8, n_seg, T, n_nodes, n_groups,
+        ws_nodes, S, C // 8, n_seg, T,
         SX8=x_SC.stride(0) // 8, SDY8=dy_SC.stride(0) // 8, SDX8=dx_SC.stride(0) // 8,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
-        HAS_FUT=fut_NHC is not None, HAS_DB=db_C is not None, R=R, LOGR=logr, SUB=BWD_SUB,
-        BC=cfg.BC, STAGES=cfg.stages, M=TREE_LEAVES // R, LOGM=LOG2_TREE_LEAVES - logr, CB=cb,
+        HAS_FUT=fut_NHC is not None, R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, STAGES=cfg.stages,
         num_warps=cfg.num_warps, **tuning.launch_options(cfg), **_NO_FUSION,
+    )
+    M = TREE_LEAVES // R
+    blk = 16 if interpreting() else _GROUP_BLK
+    cake_conv_bwd_group_kernel[(n_groups, tuning.cdiv(5 * C, blk))](
+        ws_nodes, gs, n_nodes, 5 * C, M=M, LOGM=LOG2_TREE_LEAVES - logr, BLK=blk,
+        num_warps=1 if interpreting() else 4, **_NO_FUSION,
+    )
+    fblk = 16 if interpreting() else _FINAL_BLK
+    cake_conv_bwd_finalize_kernel[(tuning.cdiv(C, fblk),)](
+        gs, dw_CW, db_C if db_C is not None else dw_CW, n_groups, C,
+        HAS_BIAS=db_C is not None, BLK=fblk, GB=GROUP_BLOCK, LOGGB=LOG2_GROUP_BLOCK,
+        num_warps=1 if interpreting() else 4, **_NO_FUSION,
     )
     return dx_SC, dw_CW, db_C
 
