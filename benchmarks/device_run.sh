@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
-#   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [onedoc] [kerneltimes] [sweep|sweepbwd] [ncu]
+#   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [oddc] [onedoc] [kerneltimes] [sweep|sweepbwd] [ncu]
 #                                 [benchwarm] [bench|benchsplit|benchquick]
 # Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
 set -u
@@ -22,7 +22,7 @@ for step in "$@"; do
     gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
     gputestsx) # every GPU test, 8 pytest-xdist workers (compiles in parallel; the GPU work is small)
-         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n 8 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n ${XDIST:-8} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     ab)  # the tuner's picks of each code version in .variants/<name> (git archives; carry .variants), then this tree
          for v in $(ls .variants 2>/dev/null) this; do
            if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
@@ -30,6 +30,13 @@ for step in "$@"; do
            PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/sweep_configs.py --picks --C 128,512,2048,8192 --reps 20 \
              --out "$OUT/ab_$v" 2>&1 | tee "$OUT/ab_$v/sweep.log" | grep best
          done ;;
+    oddc) # row strides that are not a multiple of 128 bytes (C = 1160, 1168) next to 1152 and 1280: the picks
+         mkdir -p "$OUT/oddc"
+         python3 benchmarks/sweep_configs.py --picks --C 1152,1160,1168,1280 --reps 20 --out "$OUT/oddc" 2>&1 \
+           | tee "$OUT/oddc/sweep.log" | grep best
+         mkdir -p "$OUT/oddc_all"  # every forward candidate at C = 1160
+         python3 benchmarks/sweep_configs.py --passes fwd --C 1160 --reps 20 --out "$OUT/oddc_all" 2>&1 \
+           | tee "$OUT/oddc_all/sweep.log" | grep -E "best|C= 1160" ;;
     onedoc) # the picks with one document (no masked programs) vs the usual mix: the cost of the masked path
          mkdir -p "$OUT/onedoc"
          python3 benchmarks/sweep_configs.py --picks --C 512,2048 --reps 20 --mean-doc 100000000 --out "$OUT/onedoc" 2>&1 \

@@ -45,3 +45,36 @@ def rel_err(got, ref):
     if ref.numel() == 0:
         return 0.0
     return (got - ref).abs().max().item() / max(1.0, ref.abs().max().item())
+
+
+def pairwise_rows(v: torch.Tensor) -> torch.Tensor:
+    """Pairwise tree sum over the rows of v [2**k, ...]: ((r0 + r1) + (r2 + r3)) + ..."""
+    while v.shape[0] > 1:
+        v = v[0::2] + v[1::2]
+    return v[0]
+
+
+def backward_tree_from_nodes(ws_F: torch.Tensor, S: int, C: int, R: int):
+    """The backward's levels above its nodes, redone with torch adds in the documented order.
+
+    ws_F: the workspace after a Triton backward with configuration R; its first
+    cdiv(S, 32 R) * 5 * C floats are the nodes [n_nodes, 5, C] (each the sum of R leaves of 32
+    rows). Returns (group sums [G, 5, C], dw [C, 4], db [C]) in FP32: groups of 256 / R nodes
+    (missing nodes 0) as pairwise trees, then each block of 64 groups as a pairwise tree (missing
+    groups 0) and the block sums added in block order. Every add is one IEEE FP32 add, so these
+    are the bits the kernel must produce.
+    """
+    n_nodes = -(-S // (32 * R))
+    m = 256 // R
+    n_groups = -(-S // 8192)
+    nodes = ws_F[: n_nodes * 5 * C].view(n_nodes, 5, C)
+    padded = torch.zeros(n_groups * m, 5, C, dtype=torch.float32, device=ws_F.device)
+    padded[:n_nodes] = nodes
+    gs = torch.stack([pairwise_rows(padded[g * m:(g + 1) * m]) for g in range(n_groups)])
+    n_blocks = -(-n_groups // 64)
+    gpad = torch.zeros(n_blocks * 64, 5, C, dtype=torch.float32, device=ws_F.device)
+    gpad[:n_groups] = gs
+    total = torch.zeros(5, C, dtype=torch.float32, device=ws_F.device)
+    for k in range(n_blocks):
+        total = total + pairwise_rows(gpad[k * 64:(k + 1) * 64])
+    return gs, total[:4].t().contiguous(), total[4].clone()

@@ -16,7 +16,7 @@ from cakeconv import (
 )
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
 from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
-from tests.helpers import TOLERANCES, rel_err
+from tests.helpers import TOLERANCES, backward_tree_from_nodes, rel_err
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -92,6 +92,31 @@ def test_gpu_every_config_gives_the_same_bits(C):
     for o in outs[1:]:
         for a, c in zip(outs[0], o):
             assert torch.equal(a, c)
+
+
+def test_gpu_dweight_tree_is_the_documented_order_every_time():
+    """S = 600,000: 74 groups of 8192 rows (the last partial) in two blocks of 64 groups. Under every
+    backward configuration, and for 5 repeated calls of the pick, the group sums, dweight and dbias
+    are the bits of the documented order redone on the host with torch adds from the nodes the
+    backward kernel wrote (a wrong node range, group size or block order changes them)."""
+    S, C = 600000, 256
+    cu = _random_docs(S, torch.Generator().manual_seed(17))
+    x, w, b, dy = _inputs(S, C, seed=17)
+    n_ws = triton_launch.backward_workspace_floats(S, C)
+    n_leaves, n_groups = -(-S // 32), -(-S // 8192)
+    pick = tuning.pick_bwd_config(C, 2, False)
+    results = []
+    for cfg in list(tuning.BWD_CONFIGS) + [pick] * 4:
+        dx = torch.full_like(x, float("nan"))
+        dw = torch.full((C, 4), float("nan"), device=DEV)
+        db = torch.full((C,), float("nan"), device=DEV)
+        ws = torch.full((n_ws,), float("nan"), device=DEV)
+        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+        gs, dw_host, db_host = backward_tree_from_nodes(ws, S, C, cfg.R)
+        assert torch.equal(ws[n_leaves * 5 * C:(n_leaves + n_groups) * 5 * C].view(n_groups, 5, C), gs), cfg
+        assert torch.equal(dw, dw_host) and torch.equal(db, db_host), cfg
+        results.append((dx, dw, db))
+    assert all(torch.equal(a, c) for r in results[1:] for a, c in zip(results[0], r))
 
 
 def test_gpu_uniform_batch_and_dtypes():

@@ -13,7 +13,7 @@ from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backwa
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch
 from cakeconv.cake_causal_conv1d_det_train_backend.tuning import BwdConfig, FwdConfig
 from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
-from tests.helpers import TOLERANCES, make_inputs, random_cu_seqlens, rel_err
+from tests.helpers import TOLERANCES, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err
 
 pytestmark = pytest.mark.interpret
 
@@ -102,6 +102,31 @@ def test_triton_tuning_never_changes_bits():
             assert torch.equal(a, c)
     dxr, dwr, dbr = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="reference")
     assert rel_err(outs[0][1], dwr) < 1e-5
+
+
+def test_triton_dweight_tree_over_several_groups():
+    """S of one full group (8192 rows) and a partial second: the group sums and dweight/dbias of the
+    group and finalize kernels are the bits of the documented order redone on the host from the
+    nodes the backward kernel wrote, for two node sizes (R = 4 and 8), and match float64."""
+    S, C = 8192 + 700, 8
+    cu = torch.tensor([0, 3, 5000, 8190, 8195, 8300, S], dtype=torch.int32)
+    x, w, b, dy = make_inputs(S, C, seed=12)
+    n_ws = triton_launch.backward_workspace_floats(S, C)
+    n_leaves, n_groups = -(-S // 32), 2
+    outs = []
+    for R in (4, 8):
+        dx = torch.empty_like(x)
+        dw = torch.full((C, 4), float("nan"))
+        db = torch.full((C,), float("nan"))
+        ws = torch.full((n_ws,), float("nan"))
+        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1))
+        gs, dw_host, db_host = backward_tree_from_nodes(ws, S, C, R)
+        assert torch.equal(ws[n_leaves * 5 * C:(n_leaves + n_groups) * 5 * C].view(n_groups, 5, C), gs)
+        assert torch.equal(dw, dw_host) and torch.equal(db, db_host)
+        outs.append((dx, dw, db))
+    assert all(torch.equal(a, c) for a, c in zip(*outs))
+    _, dwo, dbo = causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)
+    assert rel_err(outs[0][1], dwo) < 1e-5 and rel_err(outs[0][2], dbo) < 1e-5
 
 
 def test_triton_deterministic_and_autograd():
