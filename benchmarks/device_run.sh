@@ -21,7 +21,7 @@ for step in "$@"; do
     gpumodule) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_module.log" | tail -8 ;;
     gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
-    gputestsx) # every GPU test, 8 pytest-xdist workers (compiles in parallel; the GPU work is small)
+    gputestsx) # every GPU test, 8 pytest-xdist workers (compiles in parallel; 14 ran the GPU out of memory)
          python3 -m pytest -q -m gpu tests -p no:cacheprovider -n ${XDIST:-8} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     ab)  # the tuner's picks of each code version in .variants/<name> (git archives; carry .variants), then this tree
          for v in $(ls .variants 2>/dev/null) this; do
