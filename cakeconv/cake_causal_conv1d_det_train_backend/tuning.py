@@ -80,6 +80,7 @@ BWD_INTERPRET = BwdConfig(R=2, BC=16, num_warps=1)
 _FWD_SMALL = FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
 _FWD_MID = FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4, maxnreg=128)
 _FWD_WIDE = FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3, maxnreg=128)
+_FWD_ODD = FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
 _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
 
@@ -93,6 +94,8 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
         return _FWD_SMALL  # v6: 0.61 of copy bandwidth at C = 128, 0.81 at 512
     if C >= 4096 and C % 1024 == 0:
         return _FWD_WIDE  # v6: 0.92 at C = 8192
+    if C % 128 != 0:
+        return _FWD_ODD  # v7: 0.86 at C = 1160, where _FWD_MID reached 0.64-0.65 (same run)
     return _FWD_MID  # v6: 0.88 at C = 2048 (128-channel blocks: no idle lanes at any C % 128)
 
 
