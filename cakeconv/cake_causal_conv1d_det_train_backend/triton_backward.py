@@ -5,7 +5,7 @@ program, H = 3 halo rows, L leaves (sub-runs of BWD_SUB rows), G groups of TREE_
 
 Math (FP32, pre recomputed in registers, never read from memory):
 
-    g[t]     = dy[t] * (s + pre[t] * (s - s * s)),   s = sigmoid(pre[t])   (as two FMAs)
+    g[t]     = dy[t] * s * (1 + pre[t] * (1 - s)),   s = sigmoid(pre[t])
     dx[t]    = w3 * g[t] + w2 * g[t+1] + w1 * g[t+2] + w0 * g[t+3]    (same segment, else 0/halo)
     dw[c, k] = sum_t g[t, c] * x[t - 3 + k, c],   db[c] = sum_t g[t, c]
 
@@ -67,7 +67,7 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
         end = t * 0
     pre = conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0)
     s = sigmoid_f32(pre)
-    g = dy * tl.fma(pre, tl.fma(-s, s, s), s)  # silu'(pre) = s + pre * (s - s * s): two FMAs
+    g = dy * (s * (1.0 + pre * (1.0 - s)))
     return g, d, start, end, a3, a2, a1
 
 
