@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
 #   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [oddc] [onedoc] [kerneltimes] [sweep|sweepbwd] [ncu]
-#                                 [benchwarm] [bench|benchsplit|benchquick]
+#                                 [bitsbg] [benchwarm] [waitbg] [bench|benchsplit|benchpeers|benchours|benchquick]
 # Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
 set -u
 OUT=${OUT:-./device_out}
@@ -61,11 +61,16 @@ for step in "$@"; do
          done
          wait; echo "warm-up: $(cat "$OUT"/warm/*/bench_cake_causal_conv1d_det.csv 2>/dev/null | grep -c ours) rows compiled and run once" ;;
     bench) python3 benchmarks/bench_cake_causal_conv1d_det.py --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -60 ;;
-    benchsplit) mkdir -p "$OUT/bench_ours" "$OUT/bench_peers"
-         # the whole grid for ours (fast), then the peers on five shapes (FLA autotunes ~20 s per new shape)
-         python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --out "$OUT/bench_ours" 2>"$OUT/bench_ours/progress.log" | tee "$OUT/bench_ours/bench.log" | tail -60
+    benchsplit) bash "$0" benchours benchpeers ;;  # the whole grid for ours, then the peers on five shapes
+    benchours) mkdir -p "$OUT/bench_ours"
+         python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --out "$OUT/bench_ours" 2>"$OUT/bench_ours/progress.log" | tee "$OUT/bench_ours/bench.log" | tail -60 ;;
+    benchpeers) mkdir -p "$OUT/bench_peers"  # ours and FLA, same inputs, same run (FLA autotunes ~20 s per new shape)
          python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours,fla --bias no --rows 250340x128,250340x512,250340x1024,250340x2048,250340x8192 \
            --out "$OUT/bench_peers" 2>"$OUT/bench_peers/progress.log" | tee "$OUT/bench_peers/bench.log" | tail -30 ;;
+    bitsbg) # in the background (the next steps compile on the other cores): the GPU tests of the kernels' bits
+         (python3 -m pytest -q -m gpu tests/test_gpu.py -k "dweight_tree or every_config" -p no:cacheprovider -n 4 \
+           > "$OUT/pytest_gpu_bits.log" 2>&1; echo "bits tests: $(tail -1 "$OUT/pytest_gpu_bits.log")") & ;;
+    waitbg) wait ;;
     benchquick) python3 benchmarks/bench_cake_causal_conv1d_det.py --quick --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -40 ;;
     *) echo "unknown step $step" ;;
   esac
