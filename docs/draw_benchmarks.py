@@ -86,7 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", type=pathlib.Path, default=None)
     args = parser.parse_args()
-    source = args.results or default_source()
+    source = args.results.resolve() if args.results else default_source()
     env, rows = load_jsonl(source) if source.suffix == ".jsonl" else load_progress_log(source)
     counts = {}
     for row in rows:
