@@ -58,15 +58,17 @@ def backward_tree_from_nodes(ws_F: torch.Tensor, S: int, C: int, R: int):
     """The backward's levels above its nodes, redone with torch adds in the documented order.
 
     ws_F: the workspace after a Triton backward with configuration R; its first
-    cdiv(S, 32 R) * 5 * C floats are the nodes [n_nodes, 5, C] (each the sum of R leaves of 32
-    rows). Returns (group sums [G, 5, C], dw [C, 4], db [C]) in FP32: groups of 256 / R nodes
-    (missing nodes 0) as pairwise trees, then each block of 64 groups as a pairwise tree (missing
-    groups 0) and the block sums added in block order. Every add is one IEEE FP32 add, so these
-    are the bits the kernel must produce.
+    cdiv(S, BWD_SUB * R) * 5 * C floats are the nodes [n_nodes, 5, C] (each the sum of R leaves of
+    BWD_SUB rows). Returns (group sums [G, 5, C], dw [C, 4], db [C]) in FP32: groups of
+    TREE_LEAVES / R nodes (missing nodes 0) as pairwise trees, then each block of 64 groups as a
+    pairwise tree (missing groups 0) and the block sums added in block order. Every add is one
+    IEEE FP32 add, so these are the bits the kernel must produce.
     """
-    n_nodes = -(-S // (32 * R))
-    m = 256 // R
-    n_groups = -(-S // 8192)
+    from cakeconv.cake_causal_conv1d_det_train_backend.triton_backward import BWD_SUB, TREE_LEAVES
+
+    n_nodes = -(-S // (BWD_SUB * R))
+    m = TREE_LEAVES // R
+    n_groups = -(-S // (BWD_SUB * TREE_LEAVES))
     nodes = ws_F[: n_nodes * 5 * C].view(n_nodes, 5, C)
     padded = torch.zeros(n_groups * m, 5, C, dtype=torch.float32, device=ws_F.device)
     padded[:n_nodes] = nodes

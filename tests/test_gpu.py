@@ -14,7 +14,7 @@ from cakeconv import (
     cake_causal_conv1d_det_train_backward_workspace_bytes,
     cake_causal_conv1d_det_train_forward,
 )
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_launch, tuning
 from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
 from tests.helpers import TOLERANCES, backward_tree_from_nodes, rel_err
 
@@ -103,7 +103,7 @@ def test_gpu_dweight_tree_is_the_documented_order_every_time():
     cu = _random_docs(S, torch.Generator().manual_seed(17))
     x, w, b, dy = _inputs(S, C, seed=17)
     n_ws = triton_launch.backward_workspace_floats(S, C)
-    n_leaves, n_groups = -(-S // 32), -(-S // 8192)
+    n_leaves, n_groups = -(-S // triton_backward.BWD_SUB), -(-S // 8192)
     pick = tuning.pick_bwd_config(C, 2, False)
     results = []
     for cfg in list(tuning.BWD_CONFIGS) + [pick] * 4:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_launch
 from cakeconv.cake_causal_conv1d_det_train_backend.tuning import BwdConfig, FwdConfig
 from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
 from tests.helpers import TOLERANCES, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err
@@ -112,7 +112,7 @@ def test_triton_dweight_tree_over_several_groups():
     cu = torch.tensor([0, 3, 5000, 8190, 8195, 8300, S], dtype=torch.int32)
     x, w, b, dy = make_inputs(S, C, seed=12)
     n_ws = triton_launch.backward_workspace_floats(S, C)
-    n_leaves, n_groups = -(-S // 32), 2
+    n_leaves, n_groups = -(-S // triton_backward.BWD_SUB), 2
     outs = []
     for R in (4, 8):
         dx = torch.empty_like(x)

@@ -42,9 +42,12 @@ from .triton_common import (
     row_ptrs,
 )
 
-BWD_SUB = 32  # rows per leaf of the dweight tree (fixed: part of the summation order)
-TREE_LEAVES = 256  # leaves per group of the pairwise tree (fixed: part of the summation order)
-LOG2_TREE_LEAVES = 8
+# Rows per leaf of the dweight tree (fixed: part of the summation order). 64, not 32: a leaf's
+# sub-run re-reads 3 x rows before and 3 x and dy rows after it and recomputes 3 rows of g, so
+# 64-row leaves halve that overhead (benchmarks/NOTES.md, v9).
+BWD_SUB = 64
+TREE_LEAVES = 128  # leaves per group of the pairwise tree (fixed: part of the summation order)
+LOG2_TREE_LEAVES = 7
 GROUP_BLOCK = 64  # group sums added as one pairwise tree per block of 64 groups (fixed)
 LOG2_GROUP_BLOCK = 6
 
