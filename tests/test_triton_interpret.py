@@ -2,7 +2,7 @@
 
 Run in its own pytest process: ``TRITON_INTERPRET=1 python -m pytest -m interpret tests``.
 Shapes are small (the interpreter executes every program in numpy), yet long enough for several
-programs, several dweight leaves (128 rows each) and programs on both the masked and the unmasked
+programs, several dweight leaves (64 rows each) and programs on both the masked and the unmasked
 path.
 """
 
@@ -34,7 +34,7 @@ def _ulp_close(a, b, dtype):
     return bool((diff <= 1.01 * eps * scale + 1e-6).all())
 
 
-# Grid rationale: S = 300 gives 3 dweight leaves, a random document mix (empty, 1-3 tokens, long);
+# Grid rationale: S = 300 gives 5 dweight leaves, a random document mix (empty, 1-3 tokens, long);
 # S = 7 is shorter than one program; dtypes cover the three x dtypes and both tap dtypes.
 CASES = [
     (300, 24, torch.bfloat16, torch.float32, True),

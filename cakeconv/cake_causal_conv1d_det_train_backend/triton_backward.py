@@ -14,7 +14,7 @@ The dweight/dbias sum has ONE order, fixed by S alone (never by a tuning choice)
   2. the leaves of each aligned group of TREE_LEAVES leaves are added as a pairwise tree;
   3. the group sums of each aligned block of GROUP_BLOCK groups are added as a pairwise tree
      (missing groups count as zero), and the block sums in block order (one block up to
-     S = 2**21 tokens).
+     S = 2**19 = 524,288 tokens).
 A program that owns R = 2**j adjacent leaves adds them with the bottom j levels of that same tree
 before writing (fewer partial bytes); the group kernel finishes the tree from level j. So R, BC and
 the warp count change speed, never bits.
