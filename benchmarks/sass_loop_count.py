@@ -5,7 +5,8 @@ Triton ships, finds the two largest loops (backward branches: the masked and the
 loop) and divides their instruction counts by the elements a thread handles per loop step. The
 unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md (v5 candidate).
 
-    python benchmarks/sass_loop_count.py
+    python benchmarks/sass_loop_count.py            # instructions per element (C = 512 picks)
+    python benchmarks/sass_loop_count.py --spills   # register spills in the backward's loops per C
 """
 
 import collections
@@ -17,7 +18,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton  # noqa: E402
-from compile_report import BWD_SIG, BWD_STRIDES, CUOBJDUMP, FWD_SIG, FWD_STRIDES, TARGET  # noqa: E402
+from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, FWD_STRIDES, TARGET  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning  # noqa: E402
@@ -63,17 +64,39 @@ def report(name, sass, regs, elems_per_step):
           f"(searching) instructions; unmasked mix: {mix}")
 
 
+def bwd_consts(cfg, C, bias):
+    """The backward kernel's compile-time arguments for the tuner's pick at C (contiguous rows)."""
+    return {"HAS_BIAS": bias, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
+            "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
+            "STAGES": cfg.stages, "SX8": C // 8, "SDY8": C // 8, "SDX8": C // 8}
+
+
+def spill_report(channels=(128, 512, 1024, 2048, 8192)):
+    """Local-memory loads and stores (register spills) inside the backward pick's three row loops,
+    with and without bias, per C (the row stride is a compile-time constant, so each C compiles
+    anew)."""
+    for C in channels:
+        cfg = tuning.pick_bwd_config(C, 2, False)
+        cells = []
+        for bias in (False, True):
+            sass, _ = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, C, bias), cfg, 9)
+            general, few, unmasked = largest_loops(sass, 3)
+            spills = [sum(("LDL" in t) or ("STL" in t) for _, t in loop) for loop in (unmasked, few, general)]
+            cells.append(f"bias={bias}: spills unmasked {spills[0]}, masked few {spills[1]}, searching {spills[2]}")
+        print(f"backward C={C} {cfg}: " + " | ".join(cells), flush=True)
+
+
 def main():
+    if "--spills" in sys.argv[1:]:
+        spill_report()
+        return 0
     cfg = tuning.pick_fwd_config(512, 2, False)
     sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
                                {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
                                 "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg, 6)
     report(f"forward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     cfg = tuning.pick_bwd_config(512, 2, False)
-    sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG,
-                               {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
-                                "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
-                                "STAGES": cfg.stages, **BWD_STRIDES}, cfg, 9)
+    sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, 512, True), cfg, 9)
     report(f"backward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     return 0
 
