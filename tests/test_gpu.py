@@ -94,6 +94,34 @@ def test_gpu_every_config_gives_the_same_bits(C):
             assert torch.equal(a, c)
 
 
+@pytest.mark.parametrize("C", [256, 1160])
+def test_gpu_document_bits_do_not_depend_on_where_it_sits(C):
+    """A document's dx rows are the same bits at every offset around the leaf (64 rows) and
+    program (128-512 rows) edges, under every backward configuration: the masked programs' row
+    steps away from a boundary take the unmasked body, the ones next to it the masked body."""
+    L = 1000
+    x_d, w, b, dy_d = _inputs(L, C, seed=21)
+    cu_alone = torch.tensor([0, L], dtype=torch.int32, device=DEV)
+    y_alone = cake_causal_conv1d_det_train_forward(x_d, w, b, cu_alone)
+    dx_alone = cake_causal_conv1d_det_train_backward(dy_d, x_d, w, b, cu_alone)[0]
+    for off in (1, 3, 5, 58, 61, 62, 63, 64, 65, 67, 125, 127, 128, 131, 253, 255, 256, 259, 509, 512, 515):
+        tail = 300 + off % 7
+        x_f, _, _, dy_f = _inputs(off + tail, C, seed=22 + off)
+        x = torch.cat([x_f[:off], x_d, x_f[off:]])
+        dy = torch.cat([dy_f[:off], dy_d, dy_f[off:]])
+        cu = torch.tensor([0, off, off + L, off + L + tail], dtype=torch.int32, device=DEV)
+        y = cake_causal_conv1d_det_train_forward(x, w, b, cu)
+        assert torch.equal(y[off:off + L], y_alone), off
+        S = x.shape[0]
+        for cfg in tuning.BWD_CONFIGS:
+            dx = torch.full_like(x, float("nan"))
+            dw = torch.empty(C, 4, device=DEV)
+            db = torch.empty(C, device=DEV)
+            ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device=DEV)
+            triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+            assert torch.equal(dx[off:off + L], dx_alone), (off, cfg)
+
+
 def test_gpu_dweight_tree_is_the_documented_order_every_time():
     """S = 600,000: 74 groups of 8192 rows (the last partial) in two blocks of 64 groups. Under every
     backward configuration, and for 5 repeated calls of the pick, the group sums, dweight and dbias

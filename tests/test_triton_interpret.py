@@ -180,6 +180,33 @@ def test_triton_row_bits_do_not_depend_on_the_segment_lookup_path():
         assert torch.equal(dx, outs[0][1]), lens
 
 
+def test_triton_document_bits_do_not_depend_on_where_it_sits():
+    """A document's y and dx rows are the same bits wherever it is packed. A masked backward
+    program runs its row steps next to a boundary with the masked body and the others with the
+    unmasked one; placing the document at offsets around the leaf (64 rows) and step (4 rows)
+    edges moves its boundaries over every step position, so a step misjudged clean (or a row
+    misplaced) changes bits here.
+    """
+    L, C = 140, 16
+    x_d, w, b, dy_d = make_inputs(L, C, seed=12)
+    alone_y = cake_causal_conv1d_det_train_forward(x_d, w, b, torch.tensor([0, L], dtype=torch.int32), backend="triton")
+    alone_dx = cake_causal_conv1d_det_train_backward(dy_d, x_d, w, b, torch.tensor([0, L], dtype=torch.int32),
+                                                     backend="triton")[0]
+    assert rel_err(alone_dx, causal_conv1d_silu_oracle_backward(dy_d, x_d, w, b, torch.tensor([0, L]))[0]) < \
+        TOLERANCES[x_d.dtype]
+    for off in (1, 2, 3, 5, 58, 59, 61, 62, 63, 64, 65, 67, 124, 126):
+        tail = 9 + off % 5  # a second document after it, so its end is a boundary inside the tensor
+        x_f, _, _, dy_f = make_inputs(off + tail, C, seed=13 + off)
+        x = torch.cat([x_f[:off], x_d, x_f[off:]])
+        dy = torch.cat([dy_f[:off], dy_d, dy_f[off:]])
+        cu = torch.tensor([0, off, off + L, off + L + tail], dtype=torch.int32)
+        y = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
+        dx = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")[0]
+        assert torch.equal(y[off:off + L], alone_y), off
+        assert torch.equal(dx[off:off + L], alone_dx), off
+        assert rel_err(dx, causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)[0]) < TOLERANCES[x.dtype], off
+
+
 @pytest.mark.parametrize("width", [48, 44])
 def test_triton_row_strided_inputs_give_the_contiguous_bits(width):
     """x and dy as column slices of wider tensors (a fused projection's output: row stride = width,

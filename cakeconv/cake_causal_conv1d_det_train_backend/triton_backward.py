@@ -40,6 +40,7 @@ from .triton_common import (
     store_at,
     load_at,
     row_ptrs,
+    dirty_steps,
 )
 
 # Rows per leaf of the dweight tree (fixed: part of the summation order). 64, not 32: a leaf's
@@ -106,7 +107,50 @@ def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside):
 
 
 @triton.jit
-def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
+              acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+              cols, cmask, sdx, S, C, n_seg, seq_len, seg,
+              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
+              FEW: tl.constexpr, SUB: tl.constexpr):
+    """One loop step of _bwd_run: g of rows t+3..t+6 (x rows t..t+6 and dy rows t+3..t+6 loaded),
+    their dweight/dbias terms (rows inside the leaf only), and dx of rows t..t+3 from g[t..t+6].
+
+    Returns the accumulators, g of rows t+4..t+6 and the (d, end) of those rows for the next step.
+    FEW masked steps recompute (d, end) of rows t..t+2 from the boundaries in ``seg`` instead.
+    """
+    g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            HAS_CU, HAS_HIST, MASKED, FEW)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB)
+    g4, d4, s4, e4, a3, a2, a1 = bwd_g_rows(xa1, xa2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            HAS_CU, HAS_HIST, MASKED, FEW)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB)
+    g5, d5, s5, e5, a3, a2, a1 = bwd_g_rows(xa2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            HAS_CU, HAS_HIST, MASKED, FEW)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB)
+    g6, d6, s6, e6, a3, a2, a1 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            HAS_CU, HAS_HIST, MASKED, FEW)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
+    if MASKED and FEW:
+        d0, _, e0 = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, True)
+        d1, _, e1 = segment_of_rows(cu_ptr, t + 1, seg, n_seg, seq_len, HAS_CU, True)
+        d2, _, e2 = segment_of_rows(cu_ptr, t + 2, seg, n_seg, seq_len, HAS_CU, True)
+    dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+            HAS_FUT, MASKED)
+    dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+            HAS_FUT, MASKED)
+    dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+            HAS_FUT, MASKED)
+    dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+            HAS_FUT, MASKED)
+    return acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6
+
+
+@triton.jit
+def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
              n_seg, seq_len, seg, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
@@ -148,6 +192,8 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
     dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
+    if MASKED and FEW:
+        dirty = dirty_steps(seg, p0, S, R, SUB, 0, 6)  # a step reads rows t .. t + 6
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
         xp = x_base + i * sx
@@ -160,43 +206,38 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmas
         dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED)
         dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
         dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
-        g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, seg,
-                                                HAS_CU, HAS_HIST, MASKED, FEW)
-        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB)
-        g4, d4, s4, e4, a3, a2, a1 = bwd_g_rows(xa1, xa2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, seg,
-                                                HAS_CU, HAS_HIST, MASKED, FEW)
-        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB)
-        g5, d5, s5, e5, a3, a2, a1 = bwd_g_rows(xa2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, seg,
-                                                HAS_CU, HAS_HIST, MASKED, FEW)
-        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB)
-        g6, d6, s6, e6, a3, a2, a1 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                                cols, cmask, C, n_seg, seq_len, seg,
-                                                HAS_CU, HAS_HIST, MASKED, FEW)
-        acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
         dxp = dx_base + i * sdx
-        dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED)
-        dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED)
-        dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED)
-        dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED)
+        if MASKED and FEW:
+            # Few segments: only the steps next to a boundary (or reaching row S) take the masked
+            # body; the others run the unmasked one, which computes the same bits there.
+            if ((dirty >> (i // 4)) & 1) == 0:
+                acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
+                    xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
+                    acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB)
+            else:
+                acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
+                    xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
+                    acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB)
+        else:
+            acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
+                xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
+                acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB)
         xa0 = x4
         xa1 = x5
         xa2 = x6
         g0 = g4
         g1 = g5
         g2 = g6
-        d0 = d4
-        d1 = d5
-        d2 = d6
-        e0 = e4
-        e1 = e5
-        e2 = e6
+        if not FEW:  # FEW steps recompute (d, end) of their rows: nothing to carry
+            d0 = d4
+            d1 = d5
+            d2 = d6
+            e0 = e4
+            e1 = e5
+            e2 = e6
     return acc0, acc1, acc2, acc3, accb
 
 
@@ -237,19 +278,19 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     if masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + 3, seq_len, HAS_CU) - 1
-        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, HAS_CU)
+        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
         if d_hi - d_lo < FEW_SEGMENTS:
             acc0, acc1, acc2, acc3, accb = _bwd_run(
-                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES)
         else:
             acc0, acc1, acc2, acc3, accb = _bwd_run(
-                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES)
     else:
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         acc0, acc1, acc2, acc3, accb = _bwd_run(
-            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, rows0, cols, cmask, sx, sdy, sdx, S, C,
+            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
             n_seg, seq_len, no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, R, BC, STAGES)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
@@ -336,7 +377,7 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     sdy = sdy8.to(tl.int64) * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, True)
-    seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, True)
+    seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, S, True)
     g, d, start, end, _, _, _ = bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                            C, n_seg, S, seg, True, True, True, False)
     offs = i.to(tl.int64)[:, None] * C + cols[None, :]
@@ -366,7 +407,7 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     dy1 = load_rows(dy_ptr, t + 1, sdy, cols, cmask, S, True)
     dy2 = load_rows(dy_ptr, t + 2, sdy, cols, cmask, S, True)
     dy3 = load_rows(dy_ptr, t + 3, sdy, cols, cmask, S, True)
-    seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, True)
+    seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, S, True)
     g0, d0, s0, e0, _, _, _ = bwd_g_rows(xm3, xm2, xm1, x0, dy0, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                 C, n_seg, S, seg, True, True, True, False)
     g1, d1, s1, e1, _, _, _ = bwd_g_rows(xm2, xm1, x0, x1, dy1, t + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,

@@ -72,10 +72,11 @@ def search_iters(span):
 
 
 @triton.jit
-def segment_window(cu_ptr, n_seg, d_lo, d_hi, HAS_CU: tl.constexpr):
+def segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU: tl.constexpr):
     """``seg``: what segment_of_rows needs to place the rows of a program that touches segments
     d_lo..d_hi, as the tuple (d_lo, d_hi, n_iter, c0, c1, c2, c3, c4), where c_j = cu[d_lo + j]
-    (INT_MAX past cu[N]) are loaded once here, for programs of at most FEW_SEGMENTS segments."""
+    (INT_MAX past cu[N]) are loaded once here, for programs of at most FEW_SEGMENTS segments
+    (without cu, equal segments of seq_len rows: c_j = (d_lo + j) * seq_len)."""
     n_iter = search_iters(d_hi - d_lo)
     if HAS_CU:
         c0 = tl.load(cu_ptr + d_lo, mask=d_lo <= n_seg, other=2147483647)
@@ -84,12 +85,18 @@ def segment_window(cu_ptr, n_seg, d_lo, d_hi, HAS_CU: tl.constexpr):
         c3 = tl.load(cu_ptr + d_lo + 3, mask=d_lo + 3 <= n_seg, other=2147483647)
         c4 = tl.load(cu_ptr + d_lo + 4, mask=d_lo + 4 <= n_seg, other=2147483647)
     else:
-        c0 = n_iter * 0
-        c1 = c0
-        c2 = c0
-        c3 = c0
-        c4 = c0
+        c0 = _uniform_boundary(d_lo, n_seg, seq_len)
+        c1 = _uniform_boundary(d_lo + 1, n_seg, seq_len)
+        c2 = _uniform_boundary(d_lo + 2, n_seg, seq_len)
+        c3 = _uniform_boundary(d_lo + 3, n_seg, seq_len)
+        c4 = _uniform_boundary(d_lo + 4, n_seg, seq_len)
     return (d_lo, d_hi, n_iter, c0, c1, c2, c3, c4)
+
+
+@triton.jit
+def _uniform_boundary(j, n_seg, seq_len):
+    """cu[j] = j * seq_len of equal segments (INT_MAX past cu[N]), without int32 overflow."""
+    return tl.where(j <= n_seg, tl.minimum(j, n_seg) * seq_len, 2147483647)
 
 
 FEW_SEGMENTS = tl.constexpr(4)  # programs touching at most this many segments place rows without loads
@@ -100,6 +107,44 @@ def _step_segment(t, j, d_lo, d_hi, cj, cj1, d, start, end):
     """Move rows t at or past boundary cj = cu[d_lo + j] (j <= d_hi - d_lo) into segment d_lo + j."""
     hit = (t >= cj) & (d_lo + j <= d_hi)
     return tl.where(hit, d_lo + j, d), tl.where(hit, cj, start), tl.where(hit, cj1, end)
+
+
+@triton.jit
+def dirty_steps(seg, p0, S, R: tl.constexpr, SUB: tl.constexpr, BACK: tl.constexpr, AHEAD: tl.constexpr):
+    """Bits (int64) of the loop steps of a FEW masked program that need the masked body.
+
+    Step k reads rows t - BACK .. t + AHEAD of every sub-run r (t = p0 + r * SUB + 4k). It needs
+    the masked body when a boundary c_j of ``seg`` lies in (t - BACK, t + AHEAD] (a row of the
+    step and a row it reads are in different segments), or when row t + AHEAD of the last sub-run
+    is at or past S. Every other step sees one segment in all the rows it reads and writes, where
+    the unmasked body computes the same bits. SUB // 4 <= 64 steps.
+    """
+    d_lo, d_hi, n_iter, c0, c1, c2, c3, c4 = seg
+    bits = _boundary_steps(c1, p0, R, SUB, BACK, AHEAD)
+    bits |= _boundary_steps(c2, p0, R, SUB, BACK, AHEAD)
+    bits |= _boundary_steps(c3, p0, R, SUB, BACK, AHEAD)
+    bits |= _boundary_steps(c4, p0, R, SUB, BACK, AHEAD)
+    # steps k with p0 + (R - 1) * SUB + 4k + AHEAD >= S, i.e. k >= ceil(m / 4)
+    m = S - p0 - (R - 1) * SUB - AHEAD
+    k_s = ((tl.minimum(tl.maximum(m, 0), SUB) + 3) // 4).to(tl.int64)
+    one = tl.full((), 1, tl.int64)
+    all_bits = (one << (SUB // 4)) - 1
+    return bits | (all_bits - ((one << k_s) - 1))
+
+
+@triton.jit
+def _boundary_steps(c, p0, R: tl.constexpr, SUB: tl.constexpr, BACK: tl.constexpr, AHEAD: tl.constexpr):
+    """Bits of the steps k (t = p0 + r * SUB + 4k, some r) with t - BACK < c <= t + AHEAD."""
+    one = tl.full((), 1, tl.int64)
+    bits = one * 0
+    for r in tl.static_range(R):
+        lo = c - p0 - r * SUB - AHEAD  # 4k in [lo, hi]
+        hi = lo + AHEAD + BACK - 1
+        k_lo = (tl.maximum(lo, 0) + 3) // 4
+        k_hi = tl.minimum(tl.maximum(hi, 0), SUB - 4) // 4
+        hit = (hi >= 0) & (lo <= SUB - 4) & (k_lo <= k_hi)
+        bits |= tl.where(hit, (one << (k_hi + 1).to(tl.int64)) - (one << k_lo.to(tl.int64)), 0)
+    return bits
 
 
 @triton.jit

@@ -136,7 +136,7 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     if masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
-        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, HAS_CU)
+        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
         if d_hi - d_lo < FEW_SEGMENTS:
             _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
                      seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, True, SUB, STAGES)
@@ -167,4 +167,4 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     sy = sy8.to(tl.int64) * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     _fwd_row(row_ptrs(y_ptr, t, sy, cols), t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, S, C,
-             n_seg, S, segment_window(cu_ptr, n_seg, 0, n_seg - 1, True), True, True, True, False)
+             n_seg, S, segment_window(cu_ptr, n_seg, 0, n_seg - 1, S, True), True, True, True, False)
