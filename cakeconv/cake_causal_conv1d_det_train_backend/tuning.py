@@ -70,6 +70,8 @@ BWD_CONFIGS = (
     BwdConfig(R=4, BC=128, num_warps=4, stages=3, maxnreg=128),
     BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128),
     BwdConfig(R=8, BC=64, num_warps=4, stages=4, maxnreg=128),
+    BwdConfig(R=2, BC=128, num_warps=2, stages=4, maxnreg=128),
+    BwdConfig(R=4, BC=64, num_warps=2, stages=4, maxnreg=128),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.
