@@ -57,6 +57,7 @@ import abc
 import argparse
 import csv
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -717,9 +718,12 @@ def main(argv=None):
             raise SystemExit(f"unknown provider {n!r}; choose among {ALL_PROVIDERS}")
 
     notes: list[str] = []
-    sys.path.insert(0, REPO_ROOT)
+    if importlib.util.find_spec("cakeconv") is None:  # a cakeconv already importable wins (A/B of code versions)
+        sys.path.insert(0, REPO_ROOT)
     try:
         import cakeconv
+
+        log(f"cakeconv from {os.path.dirname(os.path.abspath(cakeconv.__file__))}")
 
         need = ["cake_causal_conv1d_det_train_forward", "cake_causal_conv1d_det_train_backward"]
         if "ours_ag" in names:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
-#   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [oddc] [onedoc] [kerneltimes] [sweep|sweepbwd] [ncu]
+#   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [oddc] [onedoc] [kerneltimes] [sweep|sweepbwd|sweepsmall] [ncu]
 #                                 [bitsbg] [benchwarm] [waitbg] [bench|benchsplit|benchpeers|benchours|benchquick]
+#   abbench: AB_ROWS (SxC list) through the benchmark for each .variants/<name> and this tree
 # Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
 set -u
 OUT=${OUT:-./device_out}
@@ -30,6 +31,29 @@ for step in "$@"; do
            PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/sweep_configs.py --picks --C 128,512,2048,8192 --reps 20 \
              --out "$OUT/ab_$v" 2>&1 | tee "$OUT/ab_$v/sweep.log" | grep best
          done ;;
+    abbench) # the benchmark (host-ahead sleep, cold L2) of each code version in .variants/<name> and of this
+         # tree: every version's kernels compiled first in parallel processes, then two alternating timed rounds
+         rows=${AB_ROWS:-250340x128,250340x512,250340x1024,250340x1160,250340x2048}
+         vs="$(ls .variants 2>/dev/null) this"
+         mkdir -p "$OUT/abwarm"
+         for v in $vs; do
+           if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
+           for r in ${rows//,/ }; do
+             PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$r" \
+               --passes fwd,bwd --reps 1 --warmup 1 --no-check --no-plot --max-sets 2 --copy-bytes 67108864 \
+               --out "$OUT/abwarm/${v}_$r" > "$OUT/abwarm/${v}_$r.log" 2>&1 &
+           done
+         done
+         wait; echo "ab warm-up done"
+         for round in 1 2; do
+           for v in $vs; do
+             if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
+             d="$OUT/abbench/${v}_$round"; mkdir -p "$d"
+             PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$rows" \
+               --passes fwd,bwd --no-check --no-plot --out "$d" 2>"$d/progress.log" > "$d/bench.log"
+             echo "== $v round $round"; grep -E "^== |^ *[0-9]+ +[0-9]+ (fwd|bwd)" "$d/bench.log"
+           done
+         done ;;
     oddc) # row strides that are not a multiple of 128 bytes (C = 1160, 1168) next to 1152 and 1280: the picks
          mkdir -p "$OUT/oddc"
          python3 benchmarks/sweep_configs.py --picks --C 1152,1160,1168,1280 --reps 20 --out "$OUT/oddc" 2>&1 \
@@ -44,6 +68,10 @@ for step in "$@"; do
     kerneltimes) python3 benchmarks/kernel_times.py --C 128,512,2048 --out "$OUT" 2>&1 | tee "$OUT/kernel_times.log" | tail -8 ;;
     gputestsfast) python3 -m pytest -q -m gpu tests -p no:cacheprovider -k "not every_config" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     sweep) python3 benchmarks/sweep_configs.py --out "$OUT" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
+    sweepsmall) # every backward candidate at the small C (waves: C = 128 leaves under two waves of 4-leaf programs)
+         mkdir -p "$OUT/sweepsmall"
+         python3 benchmarks/sweep_configs.py --passes bwd --C ${SWEEP_C:-128,256} --reps 20 --out "$OUT/sweepsmall" 2>&1 \
+           | tee "$OUT/sweepsmall/sweep.log" | grep -E "best|C=" | tail -30 ;;
     sweepbwd) python3 benchmarks/sweep_configs.py --passes bwd --out "$OUT" 2>&1 | tee "$OUT/sweep_bwd.log" | tail -30 ;;
     ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
          "$NCU" --clock-control none -k 'regex:cake_conv_(fwd|bwd)_kernel' \
