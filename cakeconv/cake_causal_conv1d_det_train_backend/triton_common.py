@@ -138,12 +138,15 @@ def _boundary_steps(c, p0, R: tl.constexpr, SUB: tl.constexpr, BACK: tl.constexp
     one = tl.full((), 1, tl.int64)
     bits = one * 0
     for r in tl.static_range(R):
-        lo = c - p0 - r * SUB - AHEAD  # 4k in [lo, hi]
-        hi = lo + AHEAD + BACK - 1
-        k_lo = (tl.maximum(lo, 0) + 3) // 4
+        # int64, and k clamped into [0, SUB / 4] before shifting: a far boundary (INT_MAX past
+        # cu[N]) must neither overflow nor shift by 64 or more (undefined, even where unselected)
+        rel = c.to(tl.int64) - p0 - r * SUB
+        lo = rel - AHEAD  # 4k in [lo, hi]
+        hi = rel + BACK - 1
+        k_lo = (tl.minimum(tl.maximum(lo, 0), SUB) + 3) // 4
         k_hi = tl.minimum(tl.maximum(hi, 0), SUB - 4) // 4
         hit = (hi >= 0) & (lo <= SUB - 4) & (k_lo <= k_hi)
-        bits |= tl.where(hit, (one << (k_hi + 1).to(tl.int64)) - (one << k_lo.to(tl.int64)), 0)
+        bits |= tl.where(hit, (one << (k_hi + 1)) - (one << k_lo), 0)
     return bits
 
 
