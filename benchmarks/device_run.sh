@@ -96,7 +96,7 @@ for step in "$@"; do
          python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours,fla --bias no --rows 250340x128,250340x512,250340x1024,250340x2048,250340x8192 \
            --out "$OUT/bench_peers" 2>"$OUT/bench_peers/progress.log" | tee "$OUT/bench_peers/bench.log" | tail -30 ;;
     bitsbg) # in the background (the next steps compile on the other cores): the GPU tests of the kernels' bits
-         (python3 -m pytest -q -m gpu tests/test_gpu.py -k "${BITS_K:-dweight_tree or every_config}" -p no:cacheprovider -n 4 \
+         (timeout ${BITS_TIMEOUT:-900} python3 -m pytest -q -m gpu tests/test_gpu.py -k "${BITS_K:-dweight_tree or every_config}" -p no:cacheprovider -n ${BITS_N:-4} --tb=short -rf \
            > "$OUT/pytest_gpu_bits.log" 2>&1; echo "bits tests: $(tail -1 "$OUT/pytest_gpu_bits.log")") & ;;
     waitbg) wait ;;
     benchquick) python3 benchmarks/bench_cake_causal_conv1d_det.py --quick --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -40 ;;
