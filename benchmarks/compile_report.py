@@ -34,7 +34,8 @@ BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp
            "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
            "C8": "i32", "n_seg": "i32", "seq_len": "i32", "SX8": "constexpr", "SDY8": "constexpr", "SDX8": "constexpr",
            "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr", "HAS_FUT": "constexpr", "R": "constexpr",
-           "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr", "STAGES": "constexpr"}
+           "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr", "STAGES": "constexpr",
+           "STEP_BRANCH": "constexpr"}
 
 
 def compile_one(fn, sig, consts, cfg, n_ptrs):
@@ -60,7 +61,8 @@ def main():
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg, 6))
     for cfg in tuning.BWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
-                  "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages, **BWD_STRIDES}
+                  "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages,
+                  "STEP_BRANCH": cfg.step_branch, **BWD_STRIDES}
         rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg, 9))
     for kind, cfg, regs, stack, acc in rows:
         print(f"{kind} {cfg}: regs {regs} stack {stack} accesses {acc}")

@@ -68,7 +68,7 @@ def bwd_consts(cfg, C, bias):
     """The backward kernel's compile-time arguments for the tuner's pick at C (contiguous rows)."""
     return {"HAS_BIAS": bias, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
             "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
-            "STAGES": cfg.stages, "SX8": C // 8, "SDY8": C // 8, "SDX8": C // 8}
+            "STAGES": cfg.stages, "STEP_BRANCH": cfg.step_branch, "SX8": C // 8, "SDY8": C // 8, "SDX8": C // 8}
 
 
 def spill_report(channels=(128, 512, 1024, 2048, 8192)):

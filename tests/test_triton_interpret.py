@@ -87,7 +87,8 @@ def test_triton_tuning_never_changes_bits():
         triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
         ys.append(y)
     assert all(torch.equal(ys[0], y) for y in ys[1:])
-    bwd_cfgs = [BwdConfig(1, 32, 1), BwdConfig(2, 16, 1, stages=3), BwdConfig(4, 8, 1), BwdConfig(2, 16, 1, stages=4)]
+    bwd_cfgs = [BwdConfig(1, 32, 1), BwdConfig(2, 16, 1, stages=3), BwdConfig(4, 8, 1), BwdConfig(2, 16, 1, stages=4),
+                BwdConfig(2, 16, 1, step_branch=True), BwdConfig(4, 8, 1, stages=3, step_branch=True)]
     outs = []
     n_ws = triton_launch.backward_workspace_floats(S, C)
     for cfg in bwd_cfgs:

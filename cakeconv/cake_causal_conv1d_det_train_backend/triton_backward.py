@@ -108,15 +108,16 @@ def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside):
 
 @triton.jit
 def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-              acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+              acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
               cols, cmask, sdx, S, C, n_seg, seq_len, seg,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-              FEW: tl.constexpr, SUB: tl.constexpr):
+              FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr):
     """One loop step of _bwd_run: g of rows t+3..t+6 (x rows t..t+6 and dy rows t+3..t+6 loaded),
     their dweight/dbias terms (rows inside the leaf only), and dx of rows t..t+3 from g[t..t+6].
 
     Returns the accumulators, g of rows t+4..t+6 and the (d, end) of those rows for the next step.
-    FEW masked steps recompute (d, end) of rows t..t+2 from the boundaries in ``seg`` instead.
+    RECOMPUTE (FEW masked steps of STEP_BRANCH programs): (d, end) of rows t..t+2 come from the
+    boundaries in ``seg`` instead (a masked step may follow an unmasked one, which has none).
     """
     g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg,
@@ -134,7 +135,8 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
                                             cols, cmask, C, n_seg, seq_len, seg,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
-    if MASKED and FEW:
+    dxp = dx_base + i * sdx
+    if MASKED and FEW and RECOMPUTE:
         d0, _, e0 = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, True)
         d1, _, e1 = segment_of_rows(cu_ptr, t + 1, seg, n_seg, seq_len, HAS_CU, True)
         d2, _, e2 = segment_of_rows(cu_ptr, t + 2, seg, n_seg, seq_len, HAS_CU, True)
@@ -153,7 +155,8 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
 def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
              n_seg, seq_len, seg, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
-             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr):
+             SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
+             STEP_BRANCH: tl.constexpr):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf).
 
     Step i (rows t = rows0 + i .. t + 3) loads x and dy of rows t+3..t+6, computes g of those
@@ -162,6 +165,8 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     the leaf's fixed order. A loaded row is used in its own step and the next one only: that is
     what lets Triton software-pipeline the loop (loads via shared memory, ``STAGES`` deep); a row
     kept two steps (the dweight window reading x[t-3] of rows loaded two steps earlier) stopped it.
+    STEP_BRANCH (a speed choice, same bits): in a FEW masked program, the steps away from every
+    boundary run the unmasked body (benchmarks/NOTES.md, v10).
     """
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
@@ -192,7 +197,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
     dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
-    if MASKED and FEW:
+    if MASKED and FEW and STEP_BRANCH:
         dirty = dirty_steps(seg, p0, S, R, SUB, 0, 6)  # a step reads rows t .. t + 6
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
@@ -206,32 +211,31 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED)
         dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
         dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
-        dxp = dx_base + i * sdx
-        if MASKED and FEW:
+        if MASKED and FEW and STEP_BRANCH:
             # Few segments: only the steps next to a boundary (or reaching row S) take the masked
             # body; the others run the unmasked one, which computes the same bits there.
             if ((dirty >> (i // 4)) & 1) == 0:
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-                    acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB)
+                    acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True)
             else:
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-                    acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB)
+                    acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True)
         else:
             acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                 xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-                acc0, acc1, acc2, acc3, accb, t, i, dxp, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB)
+                acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False)
         xa0 = x4
         xa1 = x5
         xa2 = x6
         g0 = g4
         g1 = g5
         g2 = g6
-        if not FEW:  # FEW steps recompute (d, end) of their rows: nothing to carry
+        if not (FEW and STEP_BRANCH):  # those recompute (d, end) of their rows: nothing to carry
             d0 = d4
             d1 = d5
             d2 = d6
@@ -247,7 +251,7 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
                          SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
                          R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
-                         STAGES: tl.constexpr):
+                         STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB) * cdiv(C, BC),), channel blocks fastest. SX8, SDY8, SDX8: row
@@ -282,16 +286,16 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
         if d_hi - d_lo < FEW_SEGMENTS:
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES)
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES, STEP_BRANCH)
         else:
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES)
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH)
     else:
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, R, BC, STAGES)
+            n_seg, seq_len, no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, R, BC, STAGES, STEP_BRANCH)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)

@@ -31,7 +31,6 @@ from .triton_common import (
     store_at,
     load_at,
     row_ptrs,
-    dirty_steps,
 )
 
 
@@ -75,25 +74,20 @@ def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, h
 
 
 @triton.jit
-def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, p0, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
              seg, b, w0, w1, w2, w3,
-             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr, R: tl.constexpr,
-             SUB: tl.constexpr,
+             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr, SUB: tl.constexpr,
              STAGES: tl.constexpr):
     """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, four rows per step.
 
     STAGES > 1 lets Triton software-pipeline the loop: the loads of the next STAGES - 1 steps go to
     shared memory (cp.async) while this step computes, holding no registers while in flight.
-    In a FEW masked program only the steps next to a boundary (or reaching row S) take the masked
-    body; the others run the unmasked one, which computes the same bits there.
     """
     xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
     xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
     xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     y_base = row_ptrs(y_ptr, rows0, sy, cols)
-    if MASKED and FEW:
-        dirty = dirty_steps(seg, p0, S, R, SUB, 3, 3)  # a step reads rows t - 3 .. t + 3
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
         xp = x_base + i * sx
@@ -101,17 +95,8 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, p0, rows0, cols, cmask, sx, sy, S, 
         xb = load_at(xp + sx, t + 1, cmask, S, MASKED)
         xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED)
         xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
-        yp = y_base + i * sy
-        if MASKED and FEW:
-            if ((dirty >> (i // 4)) & 1) == 0:
-                _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
-                          cmask, sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, False, False)
-            else:
-                _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
-                          cmask, sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, True, True)
-        else:
-            _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
-                      cmask, sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+        _fwd_step(y_base + i * sy, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
+                  cmask, sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
         xm3 = xb
         xm2 = xc
         xm1 = xd
@@ -153,16 +138,16 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
         seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
         if d_hi - d_lo < FEW_SEGMENTS:
-            _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, p0, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, True, R, SUB, STAGES)
+            _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, True, SUB, STAGES)
         else:
-            _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, p0, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, False, R, SUB, STAGES)
+            _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, False, SUB, STAGES)
     else:
         # No boundary in (p0 - 3, p_last]: every tap is inside, every row inside [0, S).
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
-        _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, p0, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, False, R, SUB, STAGES)
+        _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+                 no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, False, SUB, STAGES)
 
 
 @triton.jit

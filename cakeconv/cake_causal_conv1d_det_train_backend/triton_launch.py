@@ -102,6 +102,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
         SX8=x_SC.stride(0) // 8, SDY8=dy_SC.stride(0) // 8, SDX8=dx_SC.stride(0) // 8,
         HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
         HAS_FUT=fut_NHC is not None, R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, STAGES=cfg.stages,
+        STEP_BRANCH=cfg.step_branch,
         num_warps=cfg.num_warps, **tuning.launch_options(cfg), **_NO_FUSION,
     )
     M = TREE_LEAVES // R

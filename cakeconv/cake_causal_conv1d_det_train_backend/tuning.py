@@ -36,7 +36,8 @@ class FwdConfig:
 class BwdConfig:
     """R leaves (of triton_backward.BWD_SUB rows) side by side, BC channels, num_warps warps.
 
-    stages and maxnreg: as for FwdConfig.
+    stages and maxnreg: as for FwdConfig. step_branch: in masked programs of few segments, the row
+    steps away from every boundary take the unmasked loop body (triton_backward._bwd_run).
     """
 
     R: int
@@ -44,6 +45,7 @@ class BwdConfig:
     num_warps: int
     stages: int = 1
     maxnreg: int | None = None
+    step_branch: bool = False
 
 
 def launch_options(cfg: FwdConfig | BwdConfig) -> dict:
@@ -70,13 +72,12 @@ BWD_CONFIGS = (
     BwdConfig(R=4, BC=128, num_warps=4, stages=3, maxnreg=128),
     BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128),
     BwdConfig(R=8, BC=64, num_warps=4, stages=4, maxnreg=128),
-    BwdConfig(R=2, BC=128, num_warps=2, stages=4, maxnreg=128),
-    BwdConfig(R=4, BC=64, num_warps=2, stages=4, maxnreg=128),
+    BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.
 FWD_INTERPRET = FwdConfig(R=2, SUB=8, BC=16, num_warps=1)
-BWD_INTERPRET = BwdConfig(R=2, BC=16, num_warps=1)
+BWD_INTERPRET = BwdConfig(R=2, BC=16, num_warps=1, step_branch=True)  # the branching loop: its bits are tested
 
 
 _FWD_SMALL = FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
@@ -85,6 +86,7 @@ _FWD_WIDE = FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3, maxnreg=128)
 _FWD_ODD = FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
 _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
+_BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
 
 
 def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
@@ -108,7 +110,9 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool) -> BwdConfig:
         return BWD_INTERPRET
     if C <= 64:
         return _BWD_TINY
-    return _BWD  # v6: 0.50 at C = 128, 0.72 at 512, 0.79 at 2048, 0.81 at 8192
+    if C >= 1024:
+        return _BWD_BRANCH  # v10: 0.85 at C = 1024, 0.79 at 1160 (v9 pick 0.82, 0.76; same run)
+    return _BWD  # v6: 0.50 at C = 128, 0.72 at 512; v10's step branch was slower at 128 and 512 with bias
 
 
 def cdiv(a: int, b: int) -> int:
