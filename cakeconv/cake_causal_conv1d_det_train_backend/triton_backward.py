@@ -40,7 +40,6 @@ from .triton_common import (
     store_at,
     load_at,
     row_ptrs,
-    dirty_steps,
 )
 
 # Rows per leaf of the dweight tree (fixed: part of the summation order). 64, not 32: a leaf's
@@ -104,6 +103,47 @@ def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside):
     acc3 = tl.where(inside, tl.fma(g, a0, acc3), acc3)
     accb = tl.where(inside, accb + g, accb)
     return acc0, acc1, acc2, acc3, accb
+
+
+@triton.jit
+def dirty_steps(seg, p0, S, R: tl.constexpr, SUB: tl.constexpr):
+    """Bits (int64) of the loop steps of a FEW masked program that need the masked body.
+
+    Step k reads rows t .. t + 6 of every leaf r (t = p0 + r * SUB + 4k) and writes rows t .. t + 3.
+    It needs the masked body when a boundary c_j of ``seg`` lies in (t, t + 6] (a row it writes and
+    a row it reads are in different segments), or when row t + 6 of the last leaf is at or past S.
+    Every other step sees one segment in all its rows, where the unmasked body computes the same
+    bits.
+    """
+    d_lo, d_hi, n_iter, c0, c1, c2, c3, c4 = seg
+    bits = _boundary_steps(c1, p0, R, SUB)
+    bits |= _boundary_steps(c2, p0, R, SUB)
+    bits |= _boundary_steps(c3, p0, R, SUB)
+    bits |= _boundary_steps(c4, p0, R, SUB)
+    # steps k with p0 + (R - 1) * SUB + 4k + 6 >= S, i.e. k >= ceil(m / 4)
+    m = S - p0 - (R - 1) * SUB - 6
+    k_s = ((tl.minimum(tl.maximum(m, 0), SUB) + 3) // 4).to(tl.int64)
+    one = tl.full((), 1, tl.int64)
+    all_bits = (one << (SUB // 4)) - 1
+    return bits | (all_bits - ((one << k_s) - 1))
+
+
+@triton.jit
+def _boundary_steps(c, p0, R: tl.constexpr, SUB: tl.constexpr):
+    """Bits of the steps k (t = p0 + r * SUB + 4k, some leaf r) with t < c <= t + 6."""
+    one = tl.full((), 1, tl.int64)
+    bits = one * 0
+    for r in tl.static_range(R):
+        # int64, and k clamped into [0, SUB / 4] before shifting: a far boundary (INT_MAX past
+        # cu[N]) must neither overflow nor shift by 64 or more (undefined, even where unselected)
+        rel = c.to(tl.int64) - p0 - r * SUB
+        lo = rel - 6  # 4k in [lo, hi]
+        hi = rel - 1
+        k_lo = (tl.minimum(tl.maximum(lo, 0), SUB) + 3) // 4
+        k_hi = tl.minimum(tl.maximum(hi, 0), SUB - 4) // 4
+        hit = (hi >= 0) & (lo <= SUB - 4) & (k_lo <= k_hi)
+        bits |= tl.where(hit, (one << (k_hi + 1)) - (one << k_lo), 0)
+    return bits
 
 
 @triton.jit
@@ -198,7 +238,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
     dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
     if MASKED and FEW and STEP_BRANCH:
-        dirty = dirty_steps(seg, p0, S, R, SUB, 0, 6)  # a step reads rows t .. t + 6
+        dirty = dirty_steps(seg, p0, S, R, SUB)
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
         xp = x_base + i * sx

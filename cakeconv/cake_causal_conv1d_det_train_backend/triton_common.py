@@ -110,47 +110,6 @@ def _step_segment(t, j, d_lo, d_hi, cj, cj1, d, start, end):
 
 
 @triton.jit
-def dirty_steps(seg, p0, S, R: tl.constexpr, SUB: tl.constexpr, BACK: tl.constexpr, AHEAD: tl.constexpr):
-    """Bits (int64) of the loop steps of a FEW masked program that need the masked body.
-
-    Step k reads rows t - BACK .. t + AHEAD of every sub-run r (t = p0 + r * SUB + 4k). It needs
-    the masked body when a boundary c_j of ``seg`` lies in (t - BACK, t + AHEAD] (a row of the
-    step and a row it reads are in different segments), or when row t + AHEAD of the last sub-run
-    is at or past S. Every other step sees one segment in all the rows it reads and writes, where
-    the unmasked body computes the same bits. SUB // 4 <= 64 steps.
-    """
-    d_lo, d_hi, n_iter, c0, c1, c2, c3, c4 = seg
-    bits = _boundary_steps(c1, p0, R, SUB, BACK, AHEAD)
-    bits |= _boundary_steps(c2, p0, R, SUB, BACK, AHEAD)
-    bits |= _boundary_steps(c3, p0, R, SUB, BACK, AHEAD)
-    bits |= _boundary_steps(c4, p0, R, SUB, BACK, AHEAD)
-    # steps k with p0 + (R - 1) * SUB + 4k + AHEAD >= S, i.e. k >= ceil(m / 4)
-    m = S - p0 - (R - 1) * SUB - AHEAD
-    k_s = ((tl.minimum(tl.maximum(m, 0), SUB) + 3) // 4).to(tl.int64)
-    one = tl.full((), 1, tl.int64)
-    all_bits = (one << (SUB // 4)) - 1
-    return bits | (all_bits - ((one << k_s) - 1))
-
-
-@triton.jit
-def _boundary_steps(c, p0, R: tl.constexpr, SUB: tl.constexpr, BACK: tl.constexpr, AHEAD: tl.constexpr):
-    """Bits of the steps k (t = p0 + r * SUB + 4k, some r) with t - BACK < c <= t + AHEAD."""
-    one = tl.full((), 1, tl.int64)
-    bits = one * 0
-    for r in tl.static_range(R):
-        # int64, and k clamped into [0, SUB / 4] before shifting: a far boundary (INT_MAX past
-        # cu[N]) must neither overflow nor shift by 64 or more (undefined, even where unselected)
-        rel = c.to(tl.int64) - p0 - r * SUB
-        lo = rel - AHEAD  # 4k in [lo, hi]
-        hi = rel + BACK - 1
-        k_lo = (tl.minimum(tl.maximum(lo, 0), SUB) + 3) // 4
-        k_hi = tl.minimum(tl.maximum(hi, 0), SUB - 4) // 4
-        hit = (hi >= 0) & (lo <= SUB - 4) & (k_lo <= k_hi)
-        bits |= tl.where(hit, (one << (k_hi + 1)) - (one << k_lo), 0)
-    return bits
-
-
-@triton.jit
 def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: tl.constexpr):
     """(d, start, end) of the segment holding each row t ([R] int32), searched in seg's d_lo..d_hi.
 
