@@ -82,7 +82,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     rewrites the affected rows).
     """
     S, C = x_SC.shape
-    cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), interpreting())
+    cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), interpreting(), has_bias=b_C is not None)
     assert fut_NHC is None or hist_NHC is not None
     cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
     R = cfg.R
