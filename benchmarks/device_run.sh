@@ -2,7 +2,7 @@
 # One call on the GPU machine: environment, GPU tests, kernel sweep and/or benchmark.
 #   bash benchmarks/device_run.sh [tests|gputests|gputestsx|gputestsfast] [ab] [oddc] [onedoc] [kerneltimes] [sweep|sweepbwd|sweepsmall] [ncu]
 #                                 [bitsbg] [benchwarm] [waitbg] [bench|benchsplit|benchpeers|benchours|benchquick]
-#   abbench: AB_ROWS (SxC list) through the benchmark for each .variants/<name> and this tree
+#   abbench (= abwarmbg waitbg abtimed): AB_ROWS (SxC list) through the benchmark for each .variants/<name> and this tree
 # Writes logs and results under $OUT (set by the device tool; defaults to ./device_out).
 set -u
 OUT=${OUT:-./device_out}
@@ -31,22 +31,24 @@ for step in "$@"; do
            PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/sweep_configs.py --picks --C 128,512,2048,8192 --reps 20 \
              --out "$OUT/ab_$v" 2>&1 | tee "$OUT/ab_$v/sweep.log" | grep best
          done ;;
-    abbench) # the benchmark (host-ahead sleep, cold L2) of each code version in .variants/<name> and of this
-         # tree: every version's kernels compiled first in parallel processes, then two alternating timed rounds
+    abbench) bash "$0" abwarmbg waitbg abtimed ;;
+    abwarmbg) # the benchmark (host-ahead sleep, cold L2) of each code version in .variants/<name> and of this
+         # tree, AB_ROWS (SxC list): every version's kernels compiled first in background processes (a later
+         # step's `wait`, e.g. benchwarm or waitbg, waits for them); abtimed then runs two alternating rounds
          rows=${AB_ROWS:-250340x128,250340x512,250340x1024,250340x1160,250340x2048}
-         vs="$(ls .variants 2>/dev/null) this"
          mkdir -p "$OUT/abwarm"
-         for v in $vs; do
+         for v in $(ls .variants 2>/dev/null) this; do
            if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
            for r in ${rows//,/ }; do
              PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$r" \
                --passes fwd,bwd --reps 1 --warmup 1 --no-check --no-plot --max-sets 2 --copy-bytes 67108864 \
                --out "$OUT/abwarm/${v}_$r" > "$OUT/abwarm/${v}_$r.log" 2>&1 &
            done
-         done
-         wait; echo "ab warm-up done"
+         done ;;
+    abtimed)
+         rows=${AB_ROWS:-250340x128,250340x512,250340x1024,250340x1160,250340x2048}
          for round in 1 2; do
-           for v in $vs; do
+           for v in $(ls .variants 2>/dev/null) this; do
              if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
              d="$OUT/abbench/${v}_$round"; mkdir -p "$d"
              PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$rows" \
@@ -73,12 +75,13 @@ for step in "$@"; do
          python3 benchmarks/sweep_configs.py --passes bwd --C ${SWEEP_C:-128,256} --reps 20 --out "$OUT/sweepsmall" 2>&1 \
            | tee "$OUT/sweepsmall/sweep.log" | grep -E "best|C=" | tail -30 ;;
     sweepbwd) python3 benchmarks/sweep_configs.py --passes bwd --out "$OUT" 2>&1 | tee "$OUT/sweep_bwd.log" | tail -30 ;;
-    ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    ncu) # ncu counters of the picks at NCU_C (default 128,512), no bias unless NCU_BIAS=yes
+         NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
          "$NCU" --clock-control none -k 'regex:cake_conv_(fwd|bwd)_kernel' \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-           --section LaunchStats --section WarpStateStats --section SchedulerStats \
-           python3 benchmarks/ncu_profile.py --C 128,512 > "$OUT/ncu.txt" 2>&1
-         grep -E "cake_conv|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|Issued Warp|No Eligible|Issue Slots|forward|backward" "$OUT/ncu.txt" | head -80 ;;
+           --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
+           python3 benchmarks/ncu_profile.py --C ${NCU_C:-128,512} --bias ${NCU_BIAS:-no} > "$OUT/ncu.txt" 2>&1
+         grep -E "cake_conv|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|Issued Warp|No Eligible|Executed Ipc|forward|backward" "$OUT/ncu.txt" | head -150 ;;
     benchwarm) # compile every kernel the grid needs in 8 processes at once (Triton's disk cache is shared), so
          # the timed run that follows does not spend ~20 s per new (C, bias, S % 16) compiling (session 3 ran out of time)
          mkdir -p "$OUT/warm"; i=0
