@@ -96,15 +96,15 @@ def test_gpu_every_config_gives_the_same_bits(C):
 
 @pytest.mark.parametrize("C", [256, 1160])
 def test_gpu_document_bits_do_not_depend_on_where_it_sits(C):
-    """A document's dx rows are the same bits at every offset around the leaf (128 rows) and
-    program (256-1024 rows) edges, under every backward configuration: the masked programs' row
+    """A document's dx rows are the same bits at every offset around the leaf (64 rows) and
+    program (128-512 rows) edges, under every backward configuration: the masked programs' row
     steps away from a boundary take the unmasked body, the ones next to it the masked body."""
     L = 1000
     x_d, w, b, dy_d = _inputs(L, C, seed=21)
     cu_alone = torch.tensor([0, L], dtype=torch.int32, device=DEV)
     y_alone = cake_causal_conv1d_det_train_forward(x_d, w, b, cu_alone)
     dx_alone = cake_causal_conv1d_det_train_backward(dy_d, x_d, w, b, cu_alone)[0]
-    for off in (1, 3, 5, 61, 62, 63, 64, 65, 67, 125, 127, 128, 131, 253, 255, 256, 259, 509, 512, 515, 1021, 1024, 1027):
+    for off in (1, 3, 5, 58, 61, 62, 63, 64, 65, 67, 125, 127, 128, 131, 253, 255, 256, 259, 509, 512, 515):
         tail = 300 + off % 7
         x_f, _, _, dy_f = _inputs(off + tail, C, seed=22 + off)
         x = torch.cat([x_f[:off], x_d, x_f[off:]])

@@ -57,7 +57,7 @@ def cake_causal_conv1d_det_train_forward_workspace_bytes(S: int, C: int, **_igno
 def cake_causal_conv1d_det_train_backward_workspace_bytes(S: int, C: int, **_ignored) -> int:
     """Bytes of the backward workspace for S tokens and C channels.
 
-    It holds the FP32 dweight/dbias partials (5 * C floats per 128-token leaf, the most any
+    It holds the FP32 dweight/dbias partials (5 * C floats per 64-token leaf, the most any
     configuration writes, plus one group sum per 8192 tokens) and room for the returned dweight
     and dbias (FP32-sized), so that a call given a workspace allocates nothing.
     """

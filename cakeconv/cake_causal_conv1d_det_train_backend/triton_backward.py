@@ -42,13 +42,12 @@ from .triton_common import (
     row_ptrs,
 )
 
-# Rows per leaf of the dweight tree (fixed: part of the summation order). A leaf's sub-run re-reads
-# 3 x rows before and 3 x and dy rows after it and recomputes 3 rows of g: 32-row leaves (v2-v8)
-# paid that on every 32 rows, 64-row leaves (v9-v10) on every 64, 128-row leaves (v11) on every 128
-# (benchmarks/NOTES.md). A group stays 8192 rows.
-BWD_SUB = 128
-TREE_LEAVES = 64  # leaves per group of the pairwise tree (fixed: part of the summation order)
-LOG2_TREE_LEAVES = 6
+# Rows per leaf of the dweight tree (fixed: part of the summation order). 64, not 32: a leaf's
+# sub-run re-reads 3 x rows before and 3 x and dy rows after it and recomputes 3 rows of g, so
+# 64-row leaves halve that overhead (benchmarks/NOTES.md, v9).
+BWD_SUB = 64
+TREE_LEAVES = 128  # leaves per group of the pairwise tree (fixed: part of the summation order)
+LOG2_TREE_LEAVES = 7
 GROUP_BLOCK = 64  # group sums added as one pairwise tree per block of 64 groups (fixed)
 LOG2_GROUP_BLOCK = 6
 

@@ -73,9 +73,6 @@ BWD_CONFIGS = (
     BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128),
     BwdConfig(R=8, BC=64, num_warps=4, stages=4, maxnreg=128),
     BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True),
-    BwdConfig(R=2, BC=128, num_warps=4, stages=4, maxnreg=128),
-    BwdConfig(R=2, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True),
-    BwdConfig(R=4, BC=64, num_warps=4, stages=3),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.
@@ -87,8 +84,7 @@ _FWD_SMALL = FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
 _FWD_MID = FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4, maxnreg=128)
 _FWD_WIDE = FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3, maxnreg=128)
 _FWD_ODD = FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
-_BWD_TINY = BwdConfig(R=4, BC=64, num_warps=4, stages=3)
-_BWD_SMALL = BwdConfig(R=2, BC=128, num_warps=4, stages=4, maxnreg=128)
+_BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
 _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
 
@@ -109,16 +105,15 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
 
 def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = False) -> BwdConfig:
     """Backward configuration for C channels (and whether there is a bias): the fastest of
-    BWD_CONFIGS in the H200 runs (benchmarks/NOTES.md, backward v6-v11)."""
+    BWD_CONFIGS in the H200 runs (benchmarks/NOTES.md, backward v6-v10)."""
     if interpret:
         return BWD_INTERPRET
     if C <= 64:
-        return _BWD_TINY  # 256-row programs of 64 channels
-    if C <= 128:
-        return _BWD_SMALL  # v11: R = 4 leaves of 128 rows would leave under one wave of programs
+        return _BWD_TINY
     if C >= 1024 or (C >= 512 and not has_bias):
-        return _BWD_BRANCH  # v10: 0.85 at C = 1024, 0.79 at 1160, 0.80 at 512 without bias (v9 pick 0.82, 0.76, 0.77)
-    return _BWD  # v10's step branch was slower at 128 and at 512 with bias (0.82 -> 0.79)
+        # v10: 0.85 at C = 1024, 0.79 at 1160, 0.80 at 512 without bias (v9's loop 0.82, 0.76, 0.77; same run)
+        return _BWD_BRANCH
+    return _BWD  # v6: 0.50 at C = 128, 0.72 at 512; v10's step branch: slower at 128 and at 512 with bias (0.82 -> 0.79)
 
 
 def cdiv(a: int, b: int) -> int:
