@@ -49,6 +49,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--C", default="128,512")
     ap.add_argument("--S", type=int, default=250340)
+    ap.add_argument("--bias", choices=("yes", "no"), default="yes")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -60,18 +61,19 @@ def main():
         dy = torch.randn(S, C, device="cuda").bfloat16()
         y, dx = torch.empty_like(x), torch.empty_like(x)
         w = torch.randn(C, 4, device="cuda")
-        b = torch.randn(C, device="cuda")
+        b = torch.randn(C, device="cuda") if args.bias == "yes" else None
         ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
-        dw, db = torch.empty(C, 4, device="cuda"), torch.empty(C, device="cuda")
+        dw = torch.empty(C, 4, device="cuda")
+        db = torch.empty(C, device="cuda") if b is not None else None
         calls = {"fwd": lambda: triton_launch.triton_forward(x, w, b, cu, None, y),
                  "bwd": lambda: triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db)}
         for name, fn in calls.items():
             per_kernel, walls = profile_call(fn, flush)
             kern = {k: statistics.median(v) for k, v in per_kernel.items()}
             wall = statistics.median(walls)
-            print(f"{name} C={C}: call {wall:.4f} ms, kernels {sum(kern.values()):.4f} ms = "
+            print(f"{name} S={S} C={C} bias={args.bias}: call {wall:.4f} ms, kernels {sum(kern.values()):.4f} ms = "
                   + " + ".join(f"{k} {v:.4f}" for k, v in kern.items()), flush=True)
-            rows.append(dict(pass_=name, C=C, S=S, wall_ms=wall, kernels_ms=kern))
+            rows.append(dict(pass_=name, C=C, S=S, bias=args.bias, wall_ms=wall, kernels_ms=kern))
     if args.out:
         with open(f"{args.out}/kernel_times.jsonl", "w") as f:
             for r in rows:
