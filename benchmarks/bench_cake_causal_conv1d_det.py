@@ -90,9 +90,11 @@ FLOOR_FACTOR = {"fwd": 2, "bwd": 3, "fwdbwd": 5}  # times S*C*itemsize(x): 4, 6,
 PEERS = ("fla", "dao")
 ALL_PROVIDERS = ("ours", "ours_ag", "fla", "dao")
 DEFAULT_PROVIDERS = ("ours", "fla", "dao")
-# SPEC section 7 targets (fraction of copy bandwidth, S = 250340): C = 128 -> 0.70 for every pass.
+# SPEC section 7 targets (fraction of copy bandwidth, S = 250340) at C >= 512; below 512 (the grid's
+# C = 128 and 256, issue 3) 0.70 for every pass.
 TARGETS = {"fwd": 0.90, "bwd": 0.85, "fwdbwd": 0.85}
 TARGET_SMALL_C = 0.70
+SMALL_C_BELOW = 512
 CHECK_TOL = 1e-2
 
 
@@ -1117,12 +1119,12 @@ def format_table(rows, checks, env, notes, passes, bias_variants, sweep_s, paths
             if not sel:
                 continue
             miss = [f"C{r['C']}:{r['fraction']:.2f}" for r in sel
-                    if r["fraction"] < (TARGET_SMALL_C if r["C"] <= 128 else TARGETS[p_])]
+                    if r["fraction"] < (TARGET_SMALL_C if r["C"] < SMALL_C_BELOW else TARGETS[p_])]
             fr = [r["fraction"] for r in sel]
             tline.append(f"{PASS_LABEL[p_]}{'+b' if bias else ''} {min(fr):.2f}-{max(fr):.2f}"
                          + (f" MISS {' '.join(miss)}" if miss else " ok"))
     if tline and not env["gpu"].startswith("cpu"):
-        out.append(f"# ours at S={sweep_s} vs targets (fwd .90, bwd .85, fwd+bwd .85, C<=128 .70): " + "; ".join(tline))
+        out.append(f"# ours at S={sweep_s} vs targets (fwd .90, bwd .85, fwd+bwd .85; C<512 .70): " + "; ".join(tline))
     for n in notes:
         out.append(f"# note: {n}")
     out.append(f"# wrote: {', '.join(paths)}")
