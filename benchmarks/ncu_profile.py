@@ -20,7 +20,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--C", default="512")
     ap.add_argument("--S", type=int, default=250340)
-    ap.add_argument("--bias", choices=("yes", "no"), default="no")
+    ap.add_argument("--bias", choices=("yes", "no"), default="yes")
     args = ap.parse_args()
     S = args.S
     for C in [int(c) for c in args.C.split(",")]:
