@@ -1019,9 +1019,12 @@ def plot(rows, sweep_s, env, out_dir, notes):
                 ax.plot([c for c, _ in pts], [f for _, f in pts], marker="o", ms=3,
                         color=colors.get(prov), linestyle="--" if bias else "-",
                         label=f"{prov}{' +bias' if bias else ''}")
-        ax.axhline(TARGETS[p_], color="gray", lw=0.8, ls=":")
-        ax.set_xscale("log", base=2)
         cs = sorted({r["C"] for r in sel if r["pass"] == p_})
+        # the targets as dotted steps: 0.70 below C = 512, the pass's target from 512 on
+        ax.hlines(TARGETS[p_], SMALL_C_BELOW, max(cs + [SMALL_C_BELOW]), color="gray", lw=0.8, ls=":")
+        if cs and cs[0] < SMALL_C_BELOW:
+            ax.hlines(TARGET_SMALL_C, cs[0], SMALL_C_BELOW, color="gray", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
         ax.set_xticks(cs)
         ax.set_xticklabels([str(c) for c in cs], rotation=60, fontsize=7)
         ax.minorticks_off()
