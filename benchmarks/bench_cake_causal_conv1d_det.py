@@ -244,9 +244,14 @@ class ShapeData:
         return len(self.lengths)
 
 
+def shape_seed(seed: int, S: int, C: int) -> int:
+    """The seed of one grid shape's inputs and document lengths."""
+    return seed * 1_000_003 + S * 131 + C
+
+
 def make_shape(torch, S, C, device, seed, mean_doc_len, l2_bytes, max_sets):
-    shape_seed = seed * 1_000_003 + S * 131 + C
-    lens = doc_lengths(S, shape_seed, mean_doc_len)
+    sh_seed = shape_seed(seed, S, C)
+    lens = doc_lengths(S, sh_seed, mean_doc_len)
     cu_host = [0]
     for n in lens:
         cu_host.append(cu_host[-1] + n)
@@ -257,7 +262,7 @@ def make_shape(torch, S, C, device, seed, mean_doc_len, l2_bytes, max_sets):
     set_bytes = 2 * S * C * 2
     n_sets = max(2, min(max_sets, math.ceil(8 * l2_bytes / max(1, set_bytes))))
     gen = torch.Generator(device=device)
-    gen.manual_seed(shape_seed)
+    gen.manual_seed(sh_seed)
     sets = []
     for _ in range(n_sets):
         x = torch.randn(S, C, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)

@@ -21,19 +21,20 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cake_causal_conv1d_det as bench  # noqa: E402
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, tuning  # noqa: E402
+from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_common, tuning  # noqa: E402
 
-FEW_SEGMENTS = 4
+FEW_SEGMENTS = triton_common.FEW_SEGMENTS.value
 
 
-def row_block_paths(cu, S, rows):
-    """Per row block of `rows` rows: 'unmasked', 'few' or 'search' (the kernels' own test: a
-    boundary in (p0 - 3, p_last], or p_last past S, makes the block masked)."""
+def row_block_paths(cu, S, rows, ahead):
+    """Per row block of `rows` rows: 'unmasked', 'few' or 'search'. The kernels' own test: a
+    boundary of cu (whose last entry is S) in (p0 - 3, p_last + ahead] makes the block masked;
+    ahead = 0 in the forward, 3 in the backward (its look-ahead rows)."""
     paths = []
     for p0 in range(0, S, rows):
-        p_last = p0 + rows - 1
-        lo, hi = bisect.bisect_right(cu, p0 - 3), bisect.bisect_right(cu, p_last)
-        if hi == lo and p_last < S:
+        p_hi = p0 + rows - 1 + ahead
+        lo, hi = bisect.bisect_right(cu, p0 - 3), bisect.bisect_right(cu, p_hi)
+        if hi == lo:
             paths.append("unmasked")
         else:
             paths.append("few" if (hi - 1) - max(lo - 1, 0) < FEW_SEGMENTS else "search")
@@ -49,14 +50,15 @@ def main():
     args = ap.parse_args()
     for item in args.rows.split(","):
         S, C = (int(v) for v in item.split("x"))
-        lens = bench.doc_lengths(S, args.seed * 1_000_003 + S * 131 + C, args.mean_doc_len)
+        lens = bench.doc_lengths(S, bench.shape_seed(args.seed, S, C), args.mean_doc_len)
         cu = [0]
         for n in lens:
             cu.append(cu[-1] + n)
         fwd = tuning.pick_fwd_config(C, 2, False)
         bwd = tuning.pick_bwd_config(C, 2, False)
-        for name, rows, bc in (("forward", fwd.R * fwd.SUB, fwd.BC), ("backward", bwd.R * triton_backward.BWD_SUB, bwd.BC)):
-            paths = row_block_paths(cu, S, rows)
+        for name, rows, bc, ahead in (("forward", fwd.R * fwd.SUB, fwd.BC, 0),
+                                      ("backward", bwd.R * triton_backward.BWD_SUB, bwd.BC, 3)):
+            paths = row_block_paths(cu, S, rows, ahead)
             n_cblk = -(-C // bc)
             n_prog = len(paths) * n_cblk
             waves = n_prog / args.resident
