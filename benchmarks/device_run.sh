@@ -9,6 +9,7 @@ OUT=${OUT:-./device_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
+AB_ROWS=${AB_ROWS:-250340x128,250340x512,250340x1024,250340x1160,250340x2048}  # abwarmbg / abtimed shapes (SxC list)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if ls .fla/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/fla .fla/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/fla
@@ -35,23 +36,21 @@ for step in "$@"; do
     abwarmbg) # the benchmark (host-ahead sleep, cold L2) of each code version in .variants/<name> and of this
          # tree, AB_ROWS (SxC list): every version's kernels compiled first in background processes (a later
          # step's `wait`, e.g. benchwarm or waitbg, waits for them); abtimed then runs two alternating rounds
-         rows=${AB_ROWS:-250340x128,250340x512,250340x1024,250340x1160,250340x2048}
          mkdir -p "$OUT/abwarm"
          for v in $(ls .variants 2>/dev/null) this; do
            if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
-           for r in ${rows//,/ }; do
+           for r in ${AB_ROWS//,/ }; do
              PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$r" \
                --passes fwd,bwd --reps 1 --warmup 1 --no-check --no-plot --max-sets 2 --copy-bytes 67108864 \
                --out "$OUT/abwarm/${v}_$r" > "$OUT/abwarm/${v}_$r.log" 2>&1 &
            done
          done ;;
     abtimed)
-         rows=${AB_ROWS:-250340x128,250340x512,250340x1024,250340x1160,250340x2048}
          for round in 1 2; do
            for v in $(ls .variants 2>/dev/null) this; do
              if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
              d="$OUT/abbench/${v}_$round"; mkdir -p "$d"
-             PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$rows" \
+             PYTHONPATH=$pp:$PYTHONPATH python3 benchmarks/bench_cake_causal_conv1d_det.py --providers ours --rows "$AB_ROWS" \
                --passes fwd,bwd --no-check --no-plot --out "$d" 2>"$d/progress.log" > "$d/bench.log"
              echo "== $v round $round"; grep -E "^== |^ *[0-9]+ +[0-9]+ (fwd|bwd)" "$d/bench.log"
            done
