@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, forward as triton_forward, tuning
 
 TARGET = GPUTarget("cuda", 90, 32)
 C_REPORT = 512  # the row strides are compile-time constants: contiguous rows of this many channels

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from sweep_configs import random_cu  # benchmarks/ is on sys.path when run as a script
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch
 
 REPS = 10
 

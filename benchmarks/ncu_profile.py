@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning
 from sweep_configs import random_cu  # the same document mix as the sweep (benchmarks/ is on sys.path)
 
 

@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cake_causal_conv1d_det as bench  # noqa: E402
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_common, tuning  # noqa: E402
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, common as triton_common, tuning  # noqa: E402
 
 FEW_SEGMENTS = triton_common.FEW_SEGMENTS.value
 

@@ -21,7 +21,7 @@ import triton  # noqa: E402
 from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, FWD_STRIDES, TARGET  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_forward, tuning  # noqa: E402
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, forward as triton_forward, tuning  # noqa: E402
 
 ROWS_PER_STEP = 4
 

@@ -16,7 +16,7 @@ import sys
 import torch
 import triton
 
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_launch, tuning
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning
 
 
 def fwd_candidates(C):

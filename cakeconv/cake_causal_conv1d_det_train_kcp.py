@@ -14,15 +14,15 @@ their process-local ``op_id`` ints (cake_causal_conv1d_det_train_backend/kcp_cus
 
 from __future__ import annotations
 
-from .cake_causal_conv1d_det_train_backend import kcp_custom_ops
-from .cake_causal_conv1d_det_train_backend.kcp import (
+from .cake_causal_conv1d_det_train_backend.kcp import custom_ops as kcp_custom_ops
+from .cake_causal_conv1d_det_train_backend.kcp.ops import (
     KEY_MULTI,
     KEY_SINGLE,
     CakeCausalConv1dDetFunctionKcp,  # noqa: F401  (the Functions behind the ops, SPEC 3)
     CakeCausalConv1dDetMultiFunctionKcp,  # noqa: F401
     RecomputeHandleDetKcp,
 )
-from .cake_causal_conv1d_det_train_backend.kcp_context import KcpContext, build_kcp_context
+from .cake_causal_conv1d_det_train_backend.kcp.context import KcpContext, build_kcp_context
 
 __all__ = [
     "build_kcp_context",

@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle  # noqa: E402
 
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp_plan import HALO_ROWS, LAYOUTS, layout_fragments  # noqa: E402
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import HALO_ROWS, LAYOUTS, layout_fragments  # noqa: E402
 
 OUT_PATH = pathlib.Path(__file__).resolve().parent / "layouts.png"
 RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]

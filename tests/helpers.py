@@ -64,7 +64,7 @@ def backward_tree_from_nodes(ws_F: torch.Tensor, S: int, C: int, R: int):
     pairwise tree (missing groups 0) and the block sums added in block order. Every add is one
     IEEE FP32 add, so these are the bits the kernel must produce.
     """
-    from cakeconv.cake_causal_conv1d_det_train_backend.triton_backward import BWD_SUB, TREE_LEAVES
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels.backward import BWD_SUB, TREE_LEAVES
 
     n_nodes = -(-S // (BWD_SUB * R))
     m = TREE_LEAVES // R

@@ -12,7 +12,8 @@ import torch
 
 import cakeconv
 from cakeconv import build_kcp_context, cake_causal_conv1d_det_train_forward
-from cakeconv.cake_causal_conv1d_det_train_backend import checks, kcp_context, ops
+from cakeconv.cake_causal_conv1d_det_train_backend import checks, ops
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp import context as kcp_context
 from tests.helpers import make_inputs
 
 

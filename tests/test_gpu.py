@@ -14,7 +14,7 @@ from cakeconv import (
     cake_causal_conv1d_det_train_backward_workspace_bytes,
     cake_causal_conv1d_det_train_forward,
 )
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_launch, tuning
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, launch as triton_launch, tuning
 from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
 from tests.helpers import TOLERANCES, backward_tree_from_nodes, rel_err
 

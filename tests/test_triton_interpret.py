@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
-from cakeconv.cake_causal_conv1d_det_train_backend import triton_backward, triton_launch
-from cakeconv.cake_causal_conv1d_det_train_backend.tuning import BwdConfig, FwdConfig
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, launch as triton_launch
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels.tuning import BwdConfig, FwdConfig
 from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
 from tests.helpers import TOLERANCES, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err
 

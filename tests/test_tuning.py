@@ -6,7 +6,7 @@ bits; that covers the picks only if every pick is one of them.
 
 import pytest
 
-from cakeconv.cake_causal_conv1d_det_train_backend import tuning
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import tuning
 
 CHANNELS = [8, 24, 64, 72, 128, 256, 264, 512, 520, 1024, 1160, 1280, 1344, 1536, 2048, 4096, 4104, 8192]
 

@@ -32,7 +32,7 @@ class Problem:
 
 
 def _interpreting() -> bool:
-    from .triton_launch import interpreting
+    from .kernels.launch import interpreting
 
     return interpreting()
 

@@ -14,7 +14,7 @@ import torch
 
 from . import checks
 from .reference import reference_backward, reference_forward
-from .triton_launch import backward_workspace_floats, triton_backward, triton_forward
+from .kernels.launch import backward_workspace_floats, triton_backward, triton_forward
 
 
 def _rows(t: torch.Tensor, S: int, C: int) -> torch.Tensor:

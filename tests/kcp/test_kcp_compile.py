@@ -49,13 +49,13 @@ from cakeconv import (
     cake_causal_conv1d_det_kcp,
     cake_causal_conv1d_det_multi_kcp,
 )
-from cakeconv.cake_causal_conv1d_det_train_backend import kcp_custom_ops
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp import (
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp import custom_ops as kcp_custom_ops
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.ops import (
     HANDLES,
     CakeCausalConv1dDetFunctionKcp,
     CakeCausalConv1dDetMultiFunctionKcp,
 )
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp_context import CONTEXTS
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.context import CONTEXTS
 
 from ._dist import run_on_ranks
 from .test_kcp_recompute import _contexts, _install_counters, _take

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp_context import KcpContext, build_kcp_context
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.context import KcpContext, build_kcp_context
 
 from ._dist import run_on_ranks
 

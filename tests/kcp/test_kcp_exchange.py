@@ -17,9 +17,9 @@ import random
 import pytest
 import torch
 
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp_context import build_kcp_context
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp_exchange import halo_exchange, start_halo_exchange
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp_plan import HALO_ROWS, layout_fragments
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.context import build_kcp_context
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.exchange import halo_exchange, start_halo_exchange
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import HALO_ROWS, layout_fragments
 
 from ._dist import run_on_ranks
 from .test_kcp_plan import random_cu_seqlens, random_fragments

@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp_plan import (
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import (
     HALO_ROWS,
     LAYOUTS,
     build_rank_plans,

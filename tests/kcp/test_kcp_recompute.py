@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
-import cakeconv.cake_causal_conv1d_det_train_backend.kcp as kcp_mod
-import cakeconv.cake_causal_conv1d_det_train_backend.kcp_exchange as kcp_exchange
+import cakeconv.cake_causal_conv1d_det_train_backend.kcp.ops as kcp_mod
+import cakeconv.cake_causal_conv1d_det_train_backend.kcp.exchange as kcp_exchange
 from cakeconv import RecomputeHandleDetKcp, build_kcp_context, cake_causal_conv1d_det_kcp, cake_causal_conv1d_det_multi_kcp
 
 from ._dist import run_on_ranks

@@ -15,7 +15,7 @@ goes through the same FMA sequence whatever R, SUB, BC or warps are, so tuning n
 import triton
 import triton.language as tl
 
-from .triton_common import (
+from .common import (
     conv_pre,
     load_taps,
     count_bounds_le,

@@ -9,7 +9,7 @@ import os
 
 
 from . import tuning
-from .triton_backward import (
+from .backward import (
     BWD_SUB,
     GROUP_BLOCK,
     LOG2_GROUP_BLOCK,
@@ -21,7 +21,7 @@ from .triton_backward import (
     cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
 )
-from .triton_forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
+from .forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
 
 _GROUP_BLK = 64
 _FINAL_BLK = 32

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, kcp_custom_ops
-from .kcp_context import KcpContext, ObjectRegistry
-from .kcp_exchange import start_halo_exchange
-from .ops import _rows
-from .reference import reference_dx, reference_forward, reference_g_dw
-from .triton_launch import (
+from .. import checks
+from . import custom_ops as kcp_custom_ops
+from .context import KcpContext, ObjectRegistry
+from .exchange import start_halo_exchange
+from ..ops import _rows
+from ..reference import reference_dx, reference_forward, reference_g_dw
+from ..kernels.launch import (
     backward_workspace_floats,
     triton_backward,
     triton_dx_rows,

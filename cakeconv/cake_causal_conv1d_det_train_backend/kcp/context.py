@@ -21,8 +21,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .kcp_exchange import PendingExchange, halo_exchange, start_halo_exchange
-from .kcp_plan import (
+from .exchange import PendingExchange, halo_exchange, start_halo_exchange
+from .plan import (
     HALO_ROWS,
     LAYOUTS,
     RankPlan,

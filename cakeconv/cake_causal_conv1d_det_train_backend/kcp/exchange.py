@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .kcp_plan import ExchangeSpec
+from .plan import ExchangeSpec
 
 
 class PendingExchange:

@@ -67,8 +67,8 @@ import torch
 from torch import Tensor
 
 # kcp imports this module too (a cycle): only kcp's attributes at call time are used here.
-from . import kcp as _kcp
-from .kcp_context import CONTEXTS, KcpContext
+from . import ops as _kcp
+from .context import CONTEXTS, KcpContext
 
 __all__ = [
     "NO_HANDLE",

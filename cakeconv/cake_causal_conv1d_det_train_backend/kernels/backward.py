@@ -23,7 +23,7 @@ the warp count change speed, never bits.
 import triton
 import triton.language as tl
 
-from .triton_common import (
+from .common import (
     conv_pre,
     load_taps,
     count_bounds_le,
