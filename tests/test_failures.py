@@ -12,7 +12,7 @@ import torch
 
 import cakeconv
 from cakeconv import build_kcp_context, cake_causal_conv1d_det_train_forward
-from cakeconv.cake_causal_conv1d_det_train_backend import checks, ops
+from cakeconv.cake_causal_conv1d_det_train_backend import checks, conv
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp import context as kcp_context
 from tests.helpers import make_inputs
 
@@ -44,7 +44,7 @@ def test_failure_inside_the_computation_then_a_valid_call(monkeypatch):
     cu = torch.tensor([0, 7, 64], dtype=torch.int32)
     expect = cake_causal_conv1d_det_train_forward(x, w, b, cu)
     calls = {"n": 0}
-    real = ops.reference_forward
+    real = conv.reference_forward
 
     def flaky(*args, **kwargs):
         calls["n"] += 1
@@ -52,7 +52,7 @@ def test_failure_inside_the_computation_then_a_valid_call(monkeypatch):
             raise RuntimeError("injected failure (e.g. a kernel compile error)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "reference_forward", flaky)
+    monkeypatch.setattr(conv, "reference_forward", flaky)
     with pytest.raises(RuntimeError, match="injected"):
         cake_causal_conv1d_det_train_forward(x, w, b, cu)
     assert torch.equal(cake_causal_conv1d_det_train_forward(x, w, b, cu), expect)

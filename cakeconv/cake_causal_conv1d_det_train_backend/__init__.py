@@ -1,28 +1,25 @@
-"""cakeconv's programs: kernels, launchers, validation and the autograd Functions.
+"""cakeconv's programs: kernels, launchers, validation, the single-rank op and the KCP ops.
 
 Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_train`` and
 ``cakeconv.cake_causal_conv1d_det_train_kcp`` only re-export from here):
 
-- ``reference.py``       pure-PyTorch FP32 backend (any device)
-- ``triton_common.py``   Triton helpers (segment search, loads, the FMA sequence, pairwise sums)
-- ``triton_forward.py``  forward kernel
-- ``triton_backward.py`` backward kernel, group-sum and finalize kernels (fixed-order dweight)
-- ``triton_launch.py``   host launchers
-- ``tuning.py``          launch configurations (never change bits)
-- ``checks.py``          input validation
-- ``ops.py``             forward/backward entry points with caller-provided buffers
-- ``custom_ops.py``      the torch.library custom ops (fake impls, autograd) for torch.compile
-- ``function.py``        ``CakeCausalConv1dDetFunction`` and ``cake_causal_conv1d_det``
-- ``kcp_plan.py``        KCP layouts, fragment tables and per-rank halo plans (host)
-- ``kcp_exchange.py``    the halo exchange (point-to-point, gloo and NCCL)
-- ``kcp_context.py``     ``KcpContext`` / ``build_kcp_context``
-- ``kcp.py``             KCP programs, Functions and the recompute handle
-- ``kcp_custom_ops.py``  the KCP ops as torch.library custom ops (torch.compile)
+- ``constants.py``   the taps (4), the halo rows (3), the interpreter switch: defined once
+- ``kernels/``       Triton: ``common`` (helpers), ``forward``, ``backward``, ``halo`` (KCP row
+                     gather), ``tuning`` (launch configurations, never bits), ``launch`` (host
+                     launchers on a compiled-kernel cache keyed by the caller)
+- ``reference.py``   pure-PyTorch FP32 backend (any device)
+- ``checks.py``      input validation
+- ``conv.py``        the single-rank op, one ladder: launch -> custom ops into given buffers ->
+                     entry points -> ``CakeCausalConv1dDetFunction`` -> ``cake_causal_conv1d_det``
+- ``kcp/``           context parallel: ``plan`` (layouts, fragments, per-rank tables; host),
+                     ``exchange`` (point-to-point halo messages), ``context`` (``KcpContext``),
+                     ``ops`` (programs, the autograd Functions, custom ops, recompute handle)
 """
 
-from . import kcp  # noqa: F401  (the .kcp submodule of SPEC section 3)
-from .function import CakeCausalConv1dDetFunction, cake_causal_conv1d_det
-from .ops import (
+from . import kcp  # noqa: F401  (the .kcp submodule of the API)
+from .conv import (
+    CakeCausalConv1dDetFunction,
+    cake_causal_conv1d_det,
     cake_causal_conv1d_det_train_backward,
     cake_causal_conv1d_det_train_backward_workspace_bytes,
     cake_causal_conv1d_det_train_forward,

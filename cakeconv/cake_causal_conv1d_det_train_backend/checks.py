@@ -1,66 +1,82 @@
-"""Input validation of the public entry points (runs before any kernel launch).
+"""Input validation of the public entry points (runs once per call, before any kernel launch).
 
 Bad user input raises ValueError (wrong shape, value, device, backend) or TypeError (wrong dtype or
 type), with the offending value in the message. ``cu_seqlens`` values are checked on the host when
 they are on the CPU, or on the GPU when no CUDA graph is being captured (one small copy; a tensor
-already checked and not modified since is not copied again).
+already checked and not modified since is not copied again: the check is cached per tensor
+identity and version, so a training loop that reuses its ``cu_seqlens`` pays for it once).
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
+
+from .constants import INTERPRET, TAPS
 
 BACKENDS = ("auto", "triton", "reference")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 W_DTYPES = (torch.float32, torch.bfloat16)
 B_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_TOKENS = 2**31 - 1  # the kernels index rows with int32
 
 
-@dataclass(frozen=True)
 class Problem:
-    """A validated call: x viewed as [S, C] rows, its segments, and the backend to run."""
+    """A validated call: x viewed as [S, C] rows, its segments, and the backend to run.
 
-    S: int
-    C: int
-    shape: tuple
-    cu_seqlens: torch.Tensor | None  # int32/int64 [N + 1] on x's device, or None
-    seq_len: int | None  # uniform document length when cu_seqlens is None
-    backend: str  # "triton" or "reference"
+    Attributes: S, C, cu_seqlens (int32/int64 [N + 1] on x's device, or None), seq_len (uniform
+    document length when cu_seqlens is None), backend ("triton" or "reference").
+    """
+
+    __slots__ = ("S", "C", "cu_seqlens", "seq_len", "backend")
+
+    def __init__(self, S, C, cu_seqlens, seq_len, backend):
+        self.S = S
+        self.C = C
+        self.cu_seqlens = cu_seqlens
+        self.seq_len = seq_len
+        self.backend = backend
 
 
-def _interpreting() -> bool:
-    from .kernels.launch import interpreting
+_capability: dict = {}
 
-    return interpreting()
+
+def _cuda_capability_major(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major = _capability.get(index)
+    if major is None:
+        major = torch.cuda.get_device_capability(index)[0]
+        _capability[index] = major
+    return major
 
 
 def resolve_backend(backend, device: torch.device) -> str:
     """Map "auto" to "triton" (CUDA) or "reference" (CPU); check the choice is runnable."""
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         return "triton" if device.type == "cuda" else "reference"
-    if backend == "triton":
-        if device.type == "cuda":
-            major, _ = torch.cuda.get_device_capability(device)
-            if major < 8:
-                raise ValueError(
-                    f"backend='triton' needs an NVIDIA GPU of compute capability 8.0 or newer, "
-                    f"got {torch.cuda.get_device_name(device)} (sm_{major}x)")
-        elif device.type == "cpu":
-            if not _interpreting():
-                raise ValueError(
-                    "backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before the first "
-                    "import of triton; use backend='reference' (or 'auto') for CPU tensors")
-        else:
-            raise ValueError(f"backend='triton' does not run on device {device}")
+    if backend == "reference":
+        return backend
+    if backend != "triton":
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if device.type == "cuda":
+        major = _cuda_capability_major(device)
+        if major < 8:
+            raise ValueError(
+                f"backend='triton' needs an NVIDIA GPU of compute capability 8.0 or newer, "
+                f"got {torch.cuda.get_device_name(device)} (sm_{major}x)")
+    elif device.type == "cpu":
+        if not INTERPRET:
+            raise ValueError(
+                "backend='triton' on CPU tensors needs TRITON_INTERPRET=1 set before the first "
+                "import of triton; use backend='reference' (or 'auto') for CPU tensors")
+    else:
+        raise ValueError(f"backend='triton' does not run on device {device}")
     return backend
 
 
 def check_tensor(name, t, dtypes, device=None):
+    """``t`` is a tensor of one of ``dtypes`` (TypeError) on ``device`` if given (ValueError)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
@@ -79,9 +95,9 @@ def _cu_values_checked(cu: torch.Tensor, S: int) -> bool:
 
 def check_cu_values(cu: torch.Tensor, S: int) -> None:
     """cu[0] == 0, non-decreasing, cu[-1] == S (skipped while a CUDA graph is being captured)."""
-    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
     if _cu_values_checked(cu, S):
+        return
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     v = cu.detach().to("cpu", torch.int64)
     if v[0].item() != 0:
@@ -104,38 +120,53 @@ def check_cu_values(cu: torch.Tensor, S: int) -> None:
 def check_problem(x, weight, bias, cu_seqlens, backend) -> Problem:
     """Validate a call's operands; returns the Problem (shapes, segments, resolved backend)."""
     check_tensor("x", x, X_DTYPES)
-    if x.dim() not in (2, 3):
-        raise ValueError(f"x must be [S, C], [1, S, C] or [B, T, C], got shape {tuple(x.shape)}")
-    C = x.shape[-1]
+    shape = x.shape
+    if len(shape) == 2:
+        S = shape[0]
+    elif len(shape) == 3:
+        S = shape[0] * shape[1]
+    else:
+        raise ValueError(f"x must be [S, C], [1, S, C] or [B, T, C], got shape {tuple(shape)}")
+    C = shape[-1]
     if C % 8 != 0 or C == 0:
         raise ValueError(f"the channel count C must be a positive multiple of 8, got C = {C}")
-    if x.dim() == 3 and x.shape[0] != 1 and cu_seqlens is not None:
+    if S > MAX_TOKENS:
+        raise ValueError(f"x has S = {S} tokens; at most {MAX_TOKENS} (2**31 - 1) are supported")
+    if len(shape) == 3 and shape[0] != 1 and cu_seqlens is not None:
         raise ValueError(
-            f"x of shape {tuple(x.shape)} is [B, T, C] with B = {x.shape[0]} equal-length documents; "
+            f"x of shape {tuple(shape)} is [B, T, C] with B = {shape[0]} equal-length documents; "
             f"cu_seqlens must be None then (pack to [1, S, C] or [S, C] for varlen)")
-    check_tensor("weight", weight, W_DTYPES, x.device)
-    if tuple(weight.shape) != (C, 4):
+    device = x.device
+    check_tensor("weight", weight, W_DTYPES, device)
+    if weight.shape != (C, TAPS):
         raise ValueError(f"weight must be [C, 4] = [{C}, 4], got shape {tuple(weight.shape)}")
     if bias is not None:
-        check_tensor("bias", bias, B_DTYPES, x.device)
-        if tuple(bias.shape) != (C,):
+        check_tensor("bias", bias, B_DTYPES, device)
+        if bias.shape != (C,):
             raise ValueError(f"bias must be [C] = [{C}], got shape {tuple(bias.shape)}")
-    S = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
+    if not isinstance(backend, str):
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     seq_len = None
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor):
             raise TypeError(f"cu_seqlens must be a torch.Tensor or None, got {type(cu_seqlens).__name__}")
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        if cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1:
             raise ValueError(f"cu_seqlens must be 1-D with at least one element, got shape {tuple(cu_seqlens.shape)}")
-        if cu_seqlens.device != x.device:
-            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but x is on {x.device}")
+        if cu_seqlens.device != device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but x is on {device}")
         check_cu_values(cu_seqlens, S)
     else:
-        seq_len = x.shape[1] if x.dim() == 3 else S
-    resolved = resolve_backend(backend, x.device)
-    return Problem(S=S, C=C, shape=tuple(x.shape), cu_seqlens=cu_seqlens, seq_len=seq_len, backend=resolved)
+        seq_len = shape[1] if len(shape) == 3 else S
+    return Problem(S, C, cu_seqlens, seq_len, resolve_backend(backend, device))
+
+
+def check_dy(dy, x) -> None:
+    """The upstream gradient of a backward: x's shape, one of the x dtypes, on x's device."""
+    check_tensor("dy", dy, X_DTYPES, x.device)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy must have x's shape {tuple(x.shape)}, got {tuple(dy.shape)}")
 
 
 def check_like(name, t, ref_shape, dtype, device):

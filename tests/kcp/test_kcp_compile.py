@@ -1,9 +1,9 @@
 """KCP ops under torch.compile(fullgraph=True), over gloo (tier 3); checks on EVERY rank.
 
-``cake_causal_conv1d_det_kcp`` and ``cake_causal_conv1d_det_multi_kcp`` call the torch custom op
-``torch.ops.cakeconv.cake_causal_conv1d_det_kcp_forward`` (registered autograd: ``..._backward``);
-the KcpContext and the RecomputeHandleDetKcp reach it as their process-local ``op_id`` ints
-(kcp_custom_ops.py). On 1 and 2 ranks, for a zigzag layout and an explicit table of 1- and 2-token
+``cake_causal_conv1d_det_kcp`` and ``cake_causal_conv1d_det_multi_kcp`` apply the KCP autograd
+Functions, which, while compiling, call the torch custom ops
+``torch.ops.cakeconv.cake_causal_conv1d_det_kcp_forward`` / ``..._backward``; the KcpContext and the
+RecomputeHandleDetKcp reach them as their process-local ``op_id`` ints (kcp/ops.py). On 1 and 2 ranks, for a zigzag layout and an explicit table of 1- and 2-token
 fragments (multi-hop halos), each rank compiles (Inductor) two small models,
 
     single: Linear -> bf16 -> KCP conv (taps, bias)                    -> y,  loss(y)
@@ -21,7 +21,8 @@ and reentrant) around a compiled function; a compiled forward that finds a fille
 a backward raises; ``clear()`` makes it reusable. Under TRITON_INTERPRET=1 (marked interpret):
 the same on the Triton backend, 2 ranks, one model.
 
-In this process (no process group, 1-rank context): ``torch.library.opcheck`` of both ops, the id
+In this process (no process group, 1-rank context): ``torch.library.opcheck`` of both ops (on inputs
+without gradients: the ops carry no autograd formula of their own, the Functions do), the id
 registry, the autograd Functions compiled (same bits as the ops), and bad input raising the eager
 error when the compiled graph runs.
 
@@ -49,9 +50,9 @@ from cakeconv import (
     cake_causal_conv1d_det_kcp,
     cake_causal_conv1d_det_multi_kcp,
 )
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp import custom_ops as kcp_custom_ops
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp.ops import (
     HANDLES,
+    NO_HANDLE,
     CakeCausalConv1dDetFunctionKcp,
     CakeCausalConv1dDetMultiFunctionKcp,
 )
@@ -151,7 +152,8 @@ def _x(ctx, seed):
 
 
 def _ops_in(graph_module):
-    return [n.target for n in graph_module.graph.nodes if n.op == "call_function"]
+    """call_function targets of a graph and of its subgraphs (the autograd Function's HOP)."""
+    return [n.target for m in graph_module.modules() for n in m.graph.nodes if n.op == "call_function"]
 
 
 # ------------------------------------------------------------------------------- on every rank
@@ -308,11 +310,9 @@ def test_opcheck_forward_and_backward_ops():
     xs = [torch.randn(S, c, generator=g) for c in (8, 16)]
     ws = [torch.randn(c, 4, generator=g) for c in (8, 16)]
     bs = [torch.randn(8, generator=g), torch.empty(0)]  # the second tensor without a bias
-    leaves = lambda ts: [t.clone().requires_grad_(True) for t in ts]
     has_bias = [True, False]
-    torch.library.opcheck(FWD, (leaves(xs), leaves(ws), [bs[0].clone().requires_grad_(True), bs[1]], has_bias,
-                                ctx.op_id, D, kcp_custom_ops.NO_HANDLE, "conv_multi", "reference"))
-    out = FWD(xs, ws, bs, has_bias, ctx.op_id, D, kcp_custom_ops.NO_HANDLE, "conv_multi", "reference")
+    torch.library.opcheck(FWD, (xs, ws, bs, has_bias, ctx.op_id, D, NO_HANDLE, "conv_multi", "reference"))
+    out = FWD(xs, ws, bs, has_bias, ctx.op_id, D, NO_HANDLE, "conv_multi", "reference")
     assert [tuple(t.shape) for t in out] == [(S, 8), (S, 16), (D, 3, 8), (D, 3, 16)]
     dys = [torch.randn(S, c, generator=g) for c in (8, 16)]
     torch.library.opcheck(BWD, (dys, xs, ws, bs, has_bias, out[2:], ctx.op_id, "reference"))

@@ -24,8 +24,9 @@ def test_no_process_group_gives_a_one_rank_context():
     assert ctx.device == cu.device
     assert ctx.local_token_indices.dtype == torch.int64 and ctx.local_token_indices.tolist() == list(range(9))
     assert ctx.local_cu_seqlens.dtype == torch.int32 and ctx.local_cu_seqlens.tolist() == [0, 5, 9]
-    assert ctx.num_segments == 2 and ctx.num_slots == 6
-    assert ctx.hist_src.tolist() == [[[-1, -1]] * 3] * 2 and ctx.fut_rows.numel() == 0
+    assert ctx.num_segments == 2
+    assert ctx.plan.hist_src.tolist() == [[[-1, -1]] * 3] * 2 and ctx.plan.fut.g_rows.numel() == 0
+    assert ctx.plan.hist.map.tolist() == [-1] * 6 and ctx.plan.hist.sends == ctx.plan.hist.recvs == ()
 
 
 def test_shard_in_local_order():
@@ -49,7 +50,7 @@ def test_one_rank_named_layouts():
     assert zig.local_cu_seqlens.tolist() == [0, 6, 12]
     per_doc = build_kcp_context(cu, layout="zigzag_per_document")
     assert per_doc.fragments == (((0, 3), (3, 6), (6, 9), (9, 12)),)
-    assert per_doc.hist_src[1].tolist() == [[0, 0], [0, 1], [0, 2]]
+    assert per_doc.plan.hist_src[1].tolist() == [[0, 0], [0, 1], [0, 2]]
 
 
 @pytest.mark.parametrize(
@@ -146,11 +147,11 @@ def _layout_case(rank, world_size, backend):
     cu_b = torch.tensor([0, 17, 410, 1000], dtype=torch.int32)  # same segment counts, edges 250/500/750 clear
     ctx = build_kcp_context(cu_a, layout="zigzag")
     ctx_b = build_kcp_context(cu_b, layout="zigzag")
-    tables = {k: v.clone() for k, v in ctx.device_tables().items()}
-    assert any(not torch.equal(tables[k], v) for k, v in ctx_b.device_tables().items())
+    tables = {k: v.clone() for k, v in ctx.plan.device_tables().items()}
+    assert any(not torch.equal(tables[k], v) for k, v in ctx_b.plan.device_tables().items())
     assert ctx.load_layout_(ctx_b) is ctx
-    for k, v in ctx.device_tables().items():
-        assert torch.equal(v, ctx_b.device_tables()[k]), k
+    for k, v in ctx.plan.device_tables().items():
+        assert torch.equal(v, ctx_b.plan.device_tables()[k]), k
     assert ctx.global_cu_seqlens == (0, 17, 410, 1000)
     g = torch.Generator().manual_seed(7)
     x = torch.randn(T, C, generator=g).bfloat16()
@@ -166,10 +167,10 @@ def _layout_case(rank, world_size, backend):
     assert torch.equal(y, y_s[idx]) and torch.equal(xl.grad, xs.grad[idx])
     # A layout of another shape is refused, naming the table, and nothing is copied.
     ctx_c = build_kcp_context(torch.tensor([0, 1000], dtype=torch.int32), layout="zigzag")
-    before = {k: v.clone() for k, v in ctx.device_tables().items()}
+    before = {k: v.clone() for k, v in ctx.plan.device_tables().items()}
     with pytest.raises(ValueError, match="local_cu_seqlens"):
         ctx.load_layout_(ctx_c)
-    assert all(torch.equal(before[k], v) for k, v in ctx.device_tables().items())
+    assert all(torch.equal(before[k], v) for k, v in ctx.plan.device_tables().items())
     return rank
 
 

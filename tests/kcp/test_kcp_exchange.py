@@ -1,24 +1,26 @@
-"""Halo exchange over gloo (kcp_exchange.py): every rank's buffer, slot by slot.
+"""Halo exchange over gloo (kcp/exchange.py + the plan's HaloTables): every rank's buffer, slot by slot.
 
 Each world size spawns its ranks once and runs every case inside (processes cost seconds). All
 ranks draw the same random batches from the same seed, build the context, and check their OWN
 buffers against the global tensors (rank 0 has no history, so a rank-0 check would prove nothing):
     hist[d*H + j] = x_global[first(d) - H + j]   if that token is in the segment's document, else 0
     fut[d*H + j]  = f(stop(d) + j)               if that token is in the segment's document, else 0
-where f(t) is what the token's owner put in its g_send row.
+where f(t) is what the token's owner put in its g row. The test packs, exchanges and fills the slots
+itself from the tables (plan.py HaloTables), independently of the ops' gather kernel.
 
 Shape legend: T global tokens, S local rows, C channels, D segments, H = 3 halo rows, F future rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp.context import build_kcp_context
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp.exchange import halo_exchange, start_halo_exchange
+from cakeconv.cake_causal_conv1d_det_train_backend.kcp.exchange import start_exchange
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import HALO_ROWS, layout_fragments
 
 from ._dist import run_on_ranks
@@ -57,35 +59,44 @@ def expected_buffers(ctx, x_TC: torch.Tensor):
     return hist_NC, fut_NC
 
 
+def fill(tables, local, recv, num_slots):
+    """The halo buffer from the map: local[m] (m >= 0), recv[-2 - m] (m <= -2), else zero."""
+    buf = torch.zeros((num_slots,) + tuple(local.shape[1:]), dtype=local.dtype)
+    m = tables.map
+    buf[m >= 0] = local[m[m >= 0]]
+    buf[m <= -2] = recv[-2 - m[m <= -2]]
+    return buf
+
+
+def start(tables, local, ctx):
+    """Pack this rank's rows for its peers and start the exchange; returns (pending, recv)."""
+    send = local[tables.send_rows].contiguous()
+    recv = torch.full((tables.num_recv,) + tuple(local.shape[1:]), 7.0, dtype=local.dtype)  # garbage first
+    return start_exchange(send, recv, tables, ctx.group, ctx.coalesce), recv
+
+
 def check_case(rank: int, cu: list[int], *, layout=None, fragments=None, dtype=torch.float32) -> tuple:
     ctx = build_kcp_context(torch.tensor(cu, dtype=torch.int32), layout=layout, fragments=fragments)
+    plan = ctx.plan
     x_TC = global_x(cu[-1], dtype)
     x_local_SC = ctx.shard(x_TC)
-    g_send_FC = g_of_tokens(ctx.local_token_indices[ctx.fut_rows])
+    g_local_FC = g_of_tokens(ctx.local_token_indices[plan.fut.g_rows])
     want_hist, want_fut = expected_buffers(ctx, x_TC)
+    assert plan.fut.send_rows.tolist() == list(range(plan.fut.num_send))  # the first g rows are sent
 
-    hist_NC = ctx.exchange_hist(x_local_SC)
-    fut_NC = ctx.exchange_fut(g_send_FC)
-    assert hist_NC.shape == (ctx.num_segments * H, C) and hist_NC.dtype == dtype
-    assert fut_NC.shape == (ctx.num_segments * H, C) and fut_NC.dtype == torch.float32
+    # Both exchanges in flight at once, overlapped with other work: they must not mix messages.
+    pending_hist, recv_hist = start(plan.hist, x_local_SC, ctx)
+    pending_fut, recv_fut = start(plan.fut, g_local_FC, ctx)
+    _ = x_local_SC.sum()  # "interior work"
+    pending_fut.wait()
+    pending_hist.wait()
+    pending_hist.wait()  # wait() is idempotent
+    hist_NC = fill(plan.hist, x_local_SC, recv_hist, ctx.num_segments * H)
+    fut_NC = fill(plan.fut, g_local_FC, recv_fut, ctx.num_segments * H)
     assert torch.equal(hist_NC, want_hist), f"rank {rank} hist\n{hist_NC}\n{want_hist}"
     assert torch.equal(fut_NC, want_fut), f"rank {rank} fut\n{fut_NC}\n{want_fut}"
-
-    # The split form, overlapped with other work, into preallocated buffers full of garbage;
-    # two exchanges in flight at once must not mix their messages.
-    out_hist = torch.full_like(hist_NC, 7.0)
-    out_fut = torch.full_like(fut_NC, 7.0)
-    pending_hist = start_halo_exchange(x_local_SC, ctx.hist_exchange, ctx.num_slots, ctx.group, out=out_hist)
-    pending_fut = start_halo_exchange(g_send_FC, ctx.fut_exchange, ctx.num_slots, ctx.group, out=out_fut)
-    _ = x_local_SC.sum()  # "interior work"
-    assert pending_fut.wait() is out_fut and pending_hist.wait() is out_hist
-    assert pending_hist.wait() is out_hist  # wait() is idempotent
-    assert torch.equal(out_hist, want_hist) and torch.equal(out_fut, want_fut), f"rank {rank} (split form)"
-
-    # The functional form on the plain spec (what the kernels call).
-    again = halo_exchange(x_local_SC, ctx.hist_exchange, ctx.num_slots, ctx.group)
-    assert torch.equal(again, want_hist)
-    return ctx.num_segments, len(ctx.hist_exchange.peers)
+    peers = {q for q, _ in plan.hist.sends + plan.hist.recvs}
+    return ctx.num_segments, len(peers)
 
 
 def exchange_worker(rank: int, world_size: int) -> list:
@@ -125,25 +136,15 @@ def test_halo_exchange_every_rank(world_size):
 
 
 def test_halo_exchange_without_process_group():
-    # 1-rank context, no process group: everything is a self copy, e.g. a local order that puts
-    # the document's tail first.
-    cu = [0, 2, 9]
-    ctx = build_kcp_context(torch.tensor(cu), fragments=[[(5, 9), (0, 5)]])
-    assert ctx.group is None and ctx.hist_exchange.peers == ()
-    x_TC = global_x(9)
-    hist_NC = ctx.exchange_hist(ctx.shard(x_TC))
-    want_hist, want_fut = expected_buffers(ctx, x_TC)
-    assert torch.equal(hist_NC, want_hist)
-    assert torch.equal(hist_NC[0:3], x_TC[2:5])  # segment (5, 9) reads tokens 2, 3, 4
-    fut_NC = ctx.exchange_fut(g_of_tokens(ctx.local_token_indices[ctx.fut_rows]))
-    assert torch.equal(fut_NC, want_fut)
+    # One rank, zigzag: the back part reads its own front part (map >= 0), no messages.
+    cu = [0, 12]
+    ctx = build_kcp_context(torch.tensor(cu), layout="zigzag")
+    assert ctx.group is None and ctx.plan.hist.sends == ctx.plan.hist.recvs == ()
+    assert check_case(0, cu, layout="zigzag") == (2, 0)
 
 
-def test_halo_exchange_rejects_mismatched_shapes():
-    ctx = build_kcp_context(torch.tensor([0, 6]), fragments=[[(3, 6), (0, 3)]])
-    with pytest.raises(ValueError, match="6 rows.*\\(5, 4\\)"):
-        ctx.exchange_hist(torch.zeros(5, C))
-    with pytest.raises(ValueError, match="n_slots = 3 .*num_slots = 6"):
-        halo_exchange(torch.zeros(6, C), ctx.hist_exchange, 3, None)
-    with pytest.raises(ValueError, match="out must be"):
-        ctx.exchange_hist(torch.zeros(6, C), out=torch.zeros(6, C, dtype=torch.float64))
+def test_exchange_with_peers_needs_a_group():
+    ctx = build_kcp_context(torch.tensor([0, 8]))
+    tables = dataclasses.replace(ctx.plan.hist, sends=((1, 2),))
+    with pytest.raises(RuntimeError, match="no process group"):
+        start_exchange(torch.zeros(2, C), torch.zeros(0, C), tables, None, False)

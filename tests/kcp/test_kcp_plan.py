@@ -1,7 +1,7 @@
-"""Host-side KCP planning (kcp_plan.py): layouts, fragment validation, segments and halo tables.
+"""Host-side KCP planning (kcp/plan.py): layouts, fragment validation, segments and halo tables.
 
 No process group here: every rank's plan is built in one process and checked against a brute-force
-definition written independently below (walk the tokens one by one). The exchange specs are checked
+definition written independently below (walk the tokens one by one). The halo tables are checked
 by simulating the exchange in plain Python, so the distributed tests (test_kcp_exchange.py) only
 have to prove the transport.
 
@@ -101,18 +101,33 @@ def brute_force_plan(cu: list[int], fragments) -> list[dict]:
     return plans
 
 
-def simulate_exchange(plans, kind: str, values_by_rank: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Run every rank's ExchangeSpec in one process: buffer_r[slot] = values_q[row]."""
+def simulate_exchange(plans, kind: str, source_by_rank: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run every rank's HaloTables in one process: pack, pass the messages, fill the slots.
+
+    ``source_by_rank[q]``: the rows rank q sends from and reads itself from (history: its local x
+    rows; future: g of its ``fut.g_rows``, i.e. the ``local`` array of HaloTables).
+    """
+    sent = {}  # (sender, receiver) -> rows
+    for plan in plans:
+        tables = getattr(plan, kind)
+        packed = source_by_rank[plan.rank][tables.send_rows]
+        off = 0
+        for peer, n in tables.sends:
+            sent[(plan.rank, peer)] = packed[off:off + n]
+            off += n
+        assert off == packed.shape[0]
     buffers = []
     for plan in plans:
-        spec = getattr(plan, f"{kind}_exchange")
-        values = values_by_rank[plan.rank]
-        buf = torch.zeros((spec.num_slots,) + tuple(values.shape[1:]), dtype=values.dtype)
-        buf[spec.self_dst_slot] = values[spec.self_src_idx]
-        for q in spec.peers:
-            sender_spec = getattr(plans[q], f"{kind}_exchange")
-            buf[spec.recv_slot[q]] = values_by_rank[q][sender_spec.send_idx[plan.rank]]
+        tables = getattr(plan, kind)
+        local = source_by_rank[plan.rank]
+        recv = torch.cat([sent.pop((peer, plan.rank)) for peer, _ in tables.recvs]) if tables.recvs else local[:0]
+        assert recv.shape[0] == tables.num_recv
+        buf = torch.zeros((plan.num_segments * H,) + tuple(local.shape[1:]), dtype=local.dtype)
+        m = tables.map
+        buf[m >= 0] = local[m[m >= 0]]
+        buf[m <= -2] = recv[-2 - m[m <= -2]]
         buffers.append(buf)
+    assert not sent, f"messages nobody receives: {sorted(sent)}"
     return buffers
 
 
@@ -140,28 +155,31 @@ def check_plans(cu: list[int], fragments) -> None:
         assert plan.hist_src.tolist() == exp["hist"], f"rank {r}"
         assert plan.fut_src.tolist() == exp["fut"], f"rank {r}"
 
-    # fut_rows: the sorted unique rows of each rank named by anybody's fut table.
+    # g_rows: the rows of each rank named by anybody's fut table (sent rows first, then the
+    # rows it reads itself); every named row is there.
     for plan in plans:
         named = sorted({row for exp in expected for seg in exp["fut"] for (q, row) in seg if q == plan.rank})
-        assert plan.fut_rows.dtype == torch.int64
-        assert plan.fut_rows.tolist() == named
+        assert plan.fut.g_rows.dtype == torch.int64
+        assert sorted(set(plan.fut.g_rows.tolist())) == named
+        assert plan.hist.g_rows.numel() == 0
 
-    # Spec structure: peers increasing, self excluded, pairwise message lengths agree.
+    # Message structure: peers increasing, self excluded, pairwise message lengths agree.
     for kind in ("hist", "fut"):
         for plan in plans:
-            spec = getattr(plan, f"{kind}_exchange")
-            assert list(spec.peers) == sorted(spec.peers) and plan.rank not in spec.peers
-            assert set(spec.send_idx) == set(spec.peers) == set(spec.recv_slot)
-            assert spec.num_slots == plan.num_segments * H
-            for q in spec.peers:
-                other = getattr(plans[q], f"{kind}_exchange")
-                assert other.send_idx.get(plan.rank, torch.empty(0)).numel() == spec.recv_slot[q].numel()
-                assert other.recv_slot.get(plan.rank, torch.empty(0)).numel() == spec.send_idx[q].numel()
-                assert spec.send_idx[q].numel() + spec.recv_slot[q].numel() > 0
+            tables = getattr(plan, kind)
+            for messages in (tables.sends, tables.recvs):
+                peers = [q for q, _ in messages]
+                assert peers == sorted(set(peers)) and plan.rank not in peers
+                assert all(n > 0 for _, n in messages)
+            assert tables.map.shape == (plan.num_segments * H,)
+            for q, n in tables.sends:
+                assert dict(getattr(plans[q], kind).recvs)[plan.rank] == n
+            for q, n in tables.recvs:
+                assert dict(getattr(plans[q], kind).sends)[plan.rank] == n
 
     # Simulated exchange: history of x rows, future of g rows; x[t] = t + 1, g[t] = -(t + 1).
     x_by_rank = [(p.local_token_indices + 1).double()[:, None] * torch.tensor([[1.0, 10.0]]) for p in plans]
-    g_by_rank = [-(p.local_token_indices[p.fut_rows] + 1).double()[:, None] * torch.tensor([[1.0, 10.0]]) for p in plans]
+    g_by_rank = [-(p.local_token_indices[p.fut.g_rows] + 1).double()[:, None] * torch.tensor([[1.0, 10.0]]) for p in plans]
     hist_bufs = simulate_exchange(plans, "hist", x_by_rank)
     fut_bufs = simulate_exchange(plans, "fut", g_by_rank)
     for plan, exp, hist, fut in zip(plans, expected, hist_bufs, fut_bufs):
@@ -244,7 +262,7 @@ def test_zigzag_last_rank_reads_its_own_front_part():
     assert last.local_cu_seqlens.tolist() == [0, 4, 8]  # forced cut between the two parts
     # back part (first token 16) reads tokens 13, 14, 15 = its own front rows 1, 2, 3
     assert last.hist_src[1].tolist() == [[3, 1], [3, 2], [3, 3]]
-    assert last.hist_exchange.self_dst_slot.tolist() == [3, 4, 5]
+    assert last.hist.map.tolist()[3:6] == [1, 2, 3]  # slots 3..5 from its own rows 1..3
     # front part of rank 1 (tokens 4..7) reads rank 0's front; back part of rank 1 (tokens 24..27)
     # reads rank 2's back part (tokens 21, 22, 23 = rank 2 rows 5, 6, 7)
     assert plans[1].hist_src[0].tolist() == [[0, 1], [0, 2], [0, 3]]
@@ -307,7 +325,7 @@ def test_empty_batch_and_empty_documents():
             assert plan.local_token_indices.numel() == 0
             assert plan.local_cu_seqlens.tolist() == [0]
             assert plan.hist_src.shape == (0, H, 2) and plan.fut_src.shape == (0, H, 2)
-            assert plan.hist_exchange.peers == () and plan.fut_rows.numel() == 0
+            assert plan.hist.sends == plan.hist.recvs == () and plan.fut.g_rows.numel() == 0
     # only empty documents between real ones: they contribute nothing and cut nothing
     cu = [0, 0, 4, 4, 4, 8, 8]
     assert layout_fragments(cu, 2, "zigzag_per_document") == [[(0, 1), (3, 4), (4, 5), (7, 8)], [(1, 2), (2, 3), (5, 6), (6, 7)]]
@@ -379,9 +397,8 @@ def test_document_spanning_all_ranks_one_token_each():
     assert plans[3].hist_src.tolist() == [[[0, 0], [1, 0], [2, 0]]]
     assert plans[0].fut_src.tolist() == [[[1, 0], [2, 0], [3, 0]]]
     assert plans[1].hist_src.tolist() == [[[-1, -1], [-1, -1], [0, 0]]]
-    assert plans[1].hist_exchange.peers == (0, 2, 3)  # receives from 0, sends to 2 and 3
-    assert plans[1].hist_exchange.send_idx[0].numel() == 0
-    assert plans[1].hist_exchange.recv_slot[0].tolist() == [2]
+    assert [q for q, _ in plans[1].hist.recvs] == [0] and [q for q, _ in plans[1].hist.sends] == [2, 3]
+    assert plans[1].hist.map.tolist() == [-1, -1, -2]  # slot 2 is the first row received
     check_plans(cu, layout_fragments(cu, 4, "contiguous"))
 
 
@@ -392,13 +409,18 @@ def test_adjacent_fragments_of_one_rank_are_separate_segments():
     assert plan.local_cu_seqlens.tolist() == [0, 2, 5]
     assert plan.hist_src[1].tolist() == [[-1, -1], [0, 0], [0, 1]]
     assert plan.fut_src[0].tolist() == [[0, 2], [0, 3], [0, 4]]
-    assert plan.fut_rows.tolist() == [2, 3, 4]
-    assert plan.fut_exchange.self_src_idx.tolist() == [0, 1, 2]
+    assert plan.fut.g_rows.tolist() == [2, 3, 4] and plan.fut.sends == ()
+    assert plan.fut.map.tolist()[:3] == [0, 1, 2]  # segment 0's future: g of its own rows 2..4
 
 
 def test_plan_to_device_keeps_values():
     cu = [0, 3, 9]
     plan = build_rank_plans(cu, layout_fragments(cu, 3, "contiguous"))[1]
-    moved = plan.to("cpu")
-    assert torch.equal(moved.hist_src, plan.hist_src)
-    assert moved.hist_exchange.peers == plan.hist_exchange.peers
+    moved = plan.to("meta")  # another device: every table moves, the host figures stay
+    for name, table in plan.device_tables().items():
+        assert moved.device_tables()[name].device.type == "meta" and table.device.type == "cpu", name
+        assert moved.device_tables()[name].shape == table.shape, name
+    assert moved.hist.sends == plan.hist.sends and moved.fut.recvs == plan.fut.recvs
+    assert moved.hist_src.device.type == "meta" and moved.num_segments == plan.num_segments
+    back = plan.to(torch.device("cpu"))
+    assert torch.equal(back.hist.map, plan.hist.map) and torch.equal(back.fut.g_rows, plan.fut.g_rows)

@@ -11,10 +11,10 @@ table of 1- and 2-token fragments (multi-hop halos), each rank runs the conv
                                                             handle, else 3 (reentrant) / 2 (not)
 
 and asserts those counts, and that y and every gradient are bitwise the plain run's. Exchanges are
-counted by wrapping ``start_halo_exchange`` (every rank calls it once per exchange, peers or not);
-the collectives issued (``torch.distributed.batch_isend_irecv``, which a rank without peers never
-calls) are counted too and must add up the same way (with a handle the backward issues exactly the
-plain backward's collectives; without, the plain forward's and backward's).
+counted by wrapping ``start_exchange`` (every rank calls it once per exchange, peers or not); the
+exchanges that issue messages (a rank without peers in that direction issues none) are counted too
+and must add up the same way (with a handle the backward issues exactly the plain backward's
+messages; without, the plain forward's and backward's).
 
 The handle's rules: after the forward it holds exactly its key; a second forward outside a backward
 with the filled handle raises RuntimeError (on every rank, before any exchange, so nobody hangs);
@@ -33,7 +33,6 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 import cakeconv.cake_causal_conv1d_det_train_backend.kcp.ops as kcp_mod
-import cakeconv.cake_causal_conv1d_det_train_backend.kcp.exchange as kcp_exchange
 from cakeconv import RecomputeHandleDetKcp, build_kcp_context, cake_causal_conv1d_det_kcp, cake_causal_conv1d_det_multi_kcp
 
 from ._dist import run_on_ranks
@@ -51,29 +50,22 @@ COUNTS = {"exchange": 0, "collective": 0}
 def _install_counters():
     """Count exchanges and collectives in this rank process (idempotent).
 
-    Every exchange goes through ``kcp_exchange.start_halo_exchange`` (``halo_exchange`` calls it);
-    kcp.py may call either name, imported into its own namespace, so both of its names are wrapped
-    too, each counting once per exchange (the real ``halo_exchange`` reaches the counted
-    ``kcp_exchange.start_halo_exchange`` and is therefore wrapped without a count of its own).
+    Every exchange of the KCP ops goes through ``start_exchange`` (kcp/exchange.py), which the ops
+    module imported into its own namespace: that name is wrapped. An exchange counts as a
+    collective when it issues messages (the rank has peers in that direction).
     """
-    if getattr(kcp_exchange.start_halo_exchange, "_counted", False):
+    if getattr(kcp_mod.start_exchange, "_counted", False):
         return
-    real_start = kcp_exchange.start_halo_exchange
-    real_batch = dist.batch_isend_irecv
+    real_start = kcp_mod.start_exchange
 
-    def start(*args, **kwargs):
+    def start(send, recv, tables, *args, **kwargs):
         COUNTS["exchange"] += 1
-        return real_start(*args, **kwargs)
-
-    def batch(*args, **kwargs):
-        COUNTS["collective"] += 1
-        return real_batch(*args, **kwargs)
+        if tables.sends or tables.recvs:
+            COUNTS["collective"] += 1
+        return real_start(send, recv, tables, *args, **kwargs)
 
     start._counted = True
-    kcp_exchange.start_halo_exchange = start
-    if hasattr(kcp_mod, "start_halo_exchange"):
-        kcp_mod.start_halo_exchange = start
-    dist.batch_isend_irecv = batch
+    kcp_mod.start_exchange = start
 
 
 def _take():

@@ -1,5 +1,12 @@
-"""KCP programs (context parallel): plan, exchange, context and ops."""
-from .ops import (  # noqa: F401
+"""Context parallel (KCP): the batch's fragments on the ranks of a process group.
+
+- ``plan.py``      layouts, fragment tables and each rank's tables (host, once per batch)
+- ``exchange.py``  the point-to-point halo messages
+- ``context.py``   ``KcpContext`` / ``build_kcp_context`` (the plan on the device, the group)
+- ``ops.py``       the programs, the autograd Functions, the custom ops, the recompute handle
+"""
+
+from .ops import (
     CakeCausalConv1dDetFunctionKcp,
     CakeCausalConv1dDetMultiFunctionKcp,
     RecomputeHandleDetKcp,
@@ -8,4 +15,13 @@ from .ops import (  # noqa: F401
     cake_causal_conv1d_det_multi_backward_kcp,
     cake_causal_conv1d_det_multi_forward_kcp,
 )
-from .ops import __all__  # noqa: F401
+
+__all__ = [
+    "cake_causal_conv1d_det_forward_kcp",
+    "cake_causal_conv1d_det_backward_kcp",
+    "cake_causal_conv1d_det_multi_forward_kcp",
+    "cake_causal_conv1d_det_multi_backward_kcp",
+    "CakeCausalConv1dDetFunctionKcp",
+    "CakeCausalConv1dDetMultiFunctionKcp",
+    "RecomputeHandleDetKcp",
+]

@@ -1,18 +1,16 @@
 """The KCP context: one rank's share of a context-parallel packed batch, ready on the device.
 
 ``build_kcp_context`` turns the GLOBAL document boundaries and a layout (or an explicit fragment
-table) into this rank's plan (kcp_plan.py), moves it to the device, and checks with one small
+table) into this rank's plan (plan.py), moves it to the device, and checks with one small
 collective that every rank of the group was given the same batch and layout. After that, the
-forward and backward need no host work: the local segment boundaries, the halo tables and the
-exchange indices are all device tensors held by the ``KcpContext``.
+forward and backward need no host work: the local segment boundaries, the boundary rows and the
+halo tables are all device tensors of the plan.
 
-Shape legend: T global tokens, S local rows, C channels, D local segments (n_seg), H halo rows (3),
-F rows sent by the future exchange (n_fut), P ranks.
+Shape legend: T global tokens, S local rows, C channels, D local segments, H halo rows (3), P ranks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import threading
@@ -21,16 +19,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .exchange import PendingExchange, halo_exchange, start_halo_exchange
-from .plan import (
-    HALO_ROWS,
-    LAYOUTS,
-    RankPlan,
-    build_rank_plans,
-    layout_fragments,
-    normalize_cu_seqlens,
-    validate_fragments,
-)
+from .exchange import coalescing
+from .plan import LAYOUTS, RankPlan, build_rank_plans, layout_fragments, normalize_cu_seqlens, validate_fragments
 
 class ObjectRegistry:
     """Process-local ints naming live objects that a torch custom op cannot take as an argument.
@@ -87,34 +77,20 @@ _FINGERPRINT_FIELDS = ("ok", "world size", "layout", "total tokens", "cu_seqlens
 class KcpContext:
     """One rank's view of a context-parallel packed batch (build it with ``build_kcp_context``).
 
+    It holds the process group, this rank's complete plan (every table computed by the plan
+    builder, plan.py ``RankPlan``, on ``device``) and the ``op_id`` the torch custom ops carry.
+
     Attributes (read-only by convention):
         group: the torch.distributed process group, or None for a 1-rank context with no process
             group.
-        rank, world_size: this rank and P, in ``group``.
+        plan: the RankPlan; the properties below read it.
         layout: the layout name, or ``"fragments"`` for an explicit table.
         fragments: the whole table, ``fragments[r]`` = tuple of ``(start, stop)`` global spans of
             rank r in its local order.
         global_cu_seqlens: tuple of ints, the global document boundaries.
-        total_tokens: T.
-        device: where every tensor below lives.
-        num_local_tokens: S_local.
-        local_token_indices: int64 [S]: global token of each local row.
-        local_cu_seqlens: int32 [D + 1]: local segment boundaries (segment = run of local rows that
-            are consecutive tokens of one fragment and one document).
-        num_segments: D.
-        num_slots: D * H, rows of a halo buffer; slot ``d*H + j``.
-        hist_src, fut_src: int64 [D, H, 2]: (owner rank, owner local row) of halo token j of
-            segment d, (-1, -1) outside the document (see RankPlan).
-        fut_rows: int64 [F]: local rows whose FP32 pre-activation gradient this rank sends in the
-            future exchange, ``g_send[i]`` = g of row ``fut_rows[i]``.
-        hist_exchange, fut_exchange: ExchangeSpec on ``device``.
-        hist_rows: int64 [K]: local rows this rank sends in the history exchange (to peers or
-            itself); ``hist_exchange_compact`` is ``hist_exchange`` indexing ``x_local[hist_rows]``.
-        fix_fwd_rows, fix_bwd_rows: int64: the local rows whose y (first rows of a continuing
-            segment) or dx (last rows of a continued segment) need the halo (``boundary_rows``).
-        plan: the RankPlan on ``device`` (the same tensors as above).
-        op_id: the process-local int by which the torch custom ops (kcp_custom_ops.py) find this
-            context (``CONTEXTS``; a custom op cannot take a Python object). Assigned once, at
+        device: where every tensor of the plan lives.
+        op_id: the process-local int by which the torch custom ops (ops.py) find this context
+            (``CONTEXTS``; a custom op cannot take a Python object). Assigned once, at
             construction, from a per-process counter; the registry holds the context weakly.
             Under torch.compile a new context is a new value of that int: the first one causes
             one recompile, after which Dynamo treats it as a dynamic int.
@@ -122,27 +98,29 @@ class KcpContext:
 
     def __init__(self, *, group, layout: str, fragments, global_cu_seqlens, device: torch.device, plan: RankPlan):
         self.group = group
-        self.rank = plan.rank
-        self.world_size = plan.world_size
         self.layout = layout
         self.fragments = fragments
         self.global_cu_seqlens = tuple(global_cu_seqlens)
-        self.total_tokens = self.global_cu_seqlens[-1]
         self.device = device
         self.plan = plan
-        self.num_local_tokens = plan.num_local_tokens
-        self.local_token_indices = plan.local_token_indices
-        self.local_cu_seqlens = plan.local_cu_seqlens
-        self.num_segments = plan.num_segments
-        self.num_slots = plan.num_segments * HALO_ROWS
-        self.hist_src = plan.hist_src
-        self.fut_src = plan.fut_src
-        self.fut_rows = plan.fut_rows
-        self.hist_exchange = plan.hist_exchange
-        self.fut_exchange = plan.fut_exchange
-        self.hist_rows, self.hist_exchange_compact = compact_exchange(plan.hist_exchange)
-        self.fix_fwd_rows, self.fix_bwd_rows = boundary_rows(plan)
+        self.coalesce = coalescing(group, device)  # NCCL batches the halo messages
         self.op_id: int = CONTEXTS.register(self)  # last: a failed construction registers nothing
+
+    # The plan's figures, by name.
+    rank = property(lambda self: self.plan.rank, doc="This rank, in ``group``.")
+    world_size = property(lambda self: self.plan.world_size, doc="P, the ranks of ``group``.")
+    total_tokens = property(lambda self: self.global_cu_seqlens[-1], doc="T, global tokens.")
+    num_local_tokens = property(lambda self: self.plan.num_local_tokens, doc="S_local.")
+    num_segments = property(lambda self: self.plan.num_segments, doc="D, local segments.")
+    local_token_indices = property(lambda self: self.plan.local_token_indices,
+                                   doc="int64 [S]: the global token of each local row, in local order.")
+    local_cu_seqlens = property(lambda self: self.plan.local_cu_seqlens,
+                                doc="int32 [D + 1]: local segment boundaries (a segment: consecutive tokens "
+                                    "of one fragment and one document).")
+    fix_fwd_rows = property(lambda self: self.plan.fix_fwd_rows,
+                            doc="int64: local rows whose y needs the history halo.")
+    fix_bwd_rows = property(lambda self: self.plan.fix_bwd_rows,
+                            doc="int64: local rows whose dx needs the future halo.")
 
     def __repr__(self) -> str:
         return (
@@ -150,27 +128,6 @@ class KcpContext:
             f"total_tokens={self.total_tokens}, num_local_tokens={self.num_local_tokens}, "
             f"num_segments={self.num_segments}, device={self.device})"
         )
-
-    def device_tables(self) -> dict[str, torch.Tensor]:
-        """Every device tensor the KCP forward and backward read, by name (for ``load_layout_``)."""
-        tables = {
-            "local_token_indices": self.local_token_indices,
-            "local_cu_seqlens": self.local_cu_seqlens,
-            "hist_src": self.hist_src,
-            "fut_src": self.fut_src,
-            "fut_rows": self.fut_rows,
-            "hist_rows": self.hist_rows,
-            "fix_fwd_rows": self.fix_fwd_rows,
-            "fix_bwd_rows": self.fix_bwd_rows,
-        }
-        for name, spec in (("hist_exchange", self.hist_exchange), ("hist_exchange_compact", self.hist_exchange_compact),
-                           ("fut_exchange", self.fut_exchange)):
-            tables[f"{name}.self_src_idx"] = spec.self_src_idx
-            tables[f"{name}.self_dst_slot"] = spec.self_dst_slot
-            for q in spec.peers:
-                tables[f"{name}.send_idx[{q}]"] = spec.send_idx[q]
-                tables[f"{name}.recv_slot[{q}]"] = spec.recv_slot[q]
-        return tables
 
     def load_layout_(self, other: "KcpContext") -> "KcpContext":
         """Copy another context's tables into this context's device tensors, in place.
@@ -181,16 +138,16 @@ class KcpContext:
         built, and cross-checked, by one). The copies are enqueued on the current stream.
 
         The caps: every table must keep its shape, i.e. the same group, rank, local token count
-        S_local, local segment count D, exchange peers and per-peer row counts, and the same
-        numbers of boundary rows. ``other`` must be built for the same group and device. Whether
-        a new batch fits depends on where its document boundaries fall: the same layout and T,
-        the same number of local segments (document pieces; empty documents make none) on every
-        rank, and no document boundary within 3 tokens of a fragment edge in either batch, give
-        equal shapes.
+        S_local, local segment count D, the same messages (peers and row counts) and the same
+        numbers of boundary rows. ``other`` must be built for the same group and device. Whether a
+        new batch fits depends on where its document boundaries fall: the same layout and T, the
+        same number of local segments (document pieces; empty documents make none) on every rank,
+        and no document boundary within 3 tokens of a fragment edge in either batch, give equal
+        shapes.
 
         Raises:
-            ValueError: a table whose shape differs (named in the message), or a different group,
-                rank or device; nothing is copied then.
+            ValueError: a table whose shape differs (named in the message), other messages, or a
+                different group, rank or device; nothing is copied then.
         """
         if not isinstance(other, KcpContext):
             raise ValueError(f"load_layout_ expects a KcpContext, got {type(other).__name__}")
@@ -198,12 +155,14 @@ class KcpContext:
             raise ValueError(
                 f"load_layout_ needs a context of the same group, rank and device: this is rank {self.rank} of "
                 f"{self.world_size} on {self.device}, the other rank {other.rank} of {other.world_size} on {other.device}")
-        mine, theirs = self.device_tables(), other.device_tables()
-        if mine.keys() != theirs.keys():
-            raise ValueError(
-                f"load_layout_: the exchange peers differ (this context talks to {sorted(self.hist_exchange.peers)} / "
-                f"{sorted(self.fut_exchange.peers)}, the other to {sorted(other.hist_exchange.peers)} / "
-                f"{sorted(other.fut_exchange.peers)}); a captured graph cannot serve it")
+        for name in ("hist", "fut"):
+            mine, theirs = getattr(self.plan, name), getattr(other.plan, name)
+            if (mine.sends, mine.recvs) != (theirs.sends, theirs.recvs):
+                raise ValueError(
+                    f"load_layout_: the {name} messages differ (this context sends {mine.sends} and receives "
+                    f"{mine.recvs} as (peer, rows), the other {theirs.sends} / {theirs.recvs}); a captured "
+                    f"graph cannot serve it")
+        mine, theirs = self.plan.device_tables(), other.plan.device_tables()
         bad = [f"{k}: {tuple(mine[k].shape)} vs {tuple(theirs[k].shape)}" for k in mine
                if mine[k].shape != theirs[k].shape or mine[k].dtype != theirs[k].dtype]
         if bad:
@@ -215,7 +174,6 @@ class KcpContext:
         self.layout = other.layout
         self.fragments = other.fragments
         self.global_cu_seqlens = other.global_cu_seqlens
-        self.total_tokens = other.total_tokens
         return self
 
     def shard(self, x_global: torch.Tensor) -> torch.Tensor:
@@ -233,60 +191,6 @@ class KcpContext:
         if index_S.device != x_global.device:
             index_S = index_S.to(x_global.device)
         return x_global.index_select(token_dim, index_S)
-
-    def start_exchange_hist(self, x_local_SC: torch.Tensor, *, out: torch.Tensor | None = None) -> PendingExchange:
-        """Start the history exchange of ``x_local[S, C]``; ``wait()`` gives ``hist[D*H, C]``."""
-        return start_halo_exchange(x_local_SC, self.hist_exchange, self.num_slots, self.group, out=out)
-
-    def exchange_hist(self, x_local_SC: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        """History rows ``hist[D*H, C]`` (slot d*H + j = token ``first_token(d) - H + j``, or zero)."""
-        return halo_exchange(x_local_SC, self.hist_exchange, self.num_slots, self.group, out=out)
-
-    def start_exchange_fut(self, g_send_FC: torch.Tensor, *, out: torch.Tensor | None = None) -> PendingExchange:
-        """Start the future exchange of ``g_send[F, C]``; ``wait()`` gives ``fut[D*H, C]``."""
-        return start_halo_exchange(g_send_FC, self.fut_exchange, self.num_slots, self.group, out=out)
-
-    def exchange_fut(self, g_send_FC: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Future rows ``fut[D*H, C]`` (slot d*H + j = g of token ``stop_token(d) + j``, or zero)."""
-        return halo_exchange(g_send_FC, self.fut_exchange, self.num_slots, self.group, out=out)
-
-
-def boundary_rows(plan):
-    """(fwd_rows, bwd_rows) int64: the local rows whose result needs a halo.
-
-    fwd_rows: the first (up to 3) rows of every segment with a history row (its taps reach into
-    another fragment); bwd_rows: the last (up to 3) rows of every segment with a look-ahead row
-    (their dx needs g of another fragment). The KCP ops compute everything else while the exchange
-    is in flight and rewrite only these rows once it has arrived.
-    """
-    cu = plan.local_cu_seqlens.to(torch.int64)
-    start_D, length_D = cu[:-1], cu[1:] - cu[:-1]
-    j_H = torch.arange(HALO_ROWS, device=cu.device, dtype=torch.int64)
-    inside_DH = j_H[None, :] < length_D[:, None]
-    has_hist_D = (plan.hist_src[:, :, 0] >= 0).any(1)
-    has_fut_D = (plan.fut_src[:, :, 0] >= 0).any(1)
-    fwd = (start_D[:, None] + j_H[None, :])[inside_DH & has_hist_D[:, None]]
-    bwd = (start_D[:, None] + length_D[:, None] - 1 - j_H.flip(0)[None, :])[inside_DH.flip(1) & has_fut_D[:, None]]
-    return torch.sort(fwd).values, torch.sort(bwd).values
-
-
-def compact_exchange(spec):
-    """(rows, spec'): the sorted unique rows a spec sends (to peers or itself) and the same spec
-    indexing into ``values[rows]`` instead of ``values``.
-
-    The KCP ops gather only these rows of every tensor of a layer and exchange them in one message
-    per peer (the ``multi`` form's single exchange).
-    """
-    parts = [spec.self_src_idx] + [spec.send_idx[q] for q in spec.peers]
-    rows = torch.unique(torch.cat(parts)) if parts else spec.self_src_idx
-    remap = lambda idx: torch.searchsorted(rows, idx)  # noqa: E731  (rows is sorted and holds idx)
-    compact = dataclasses.replace(
-        spec,
-        num_values=int(rows.numel()),
-        send_idx={q: remap(t) for q, t in spec.send_idx.items()},
-        self_src_idx=remap(spec.self_src_idx),
-    )
-    return rows, compact
 
 
 def build_kcp_context(cu_seqlens, *, layout=None, group=None, fragments=None, device=None) -> KcpContext:

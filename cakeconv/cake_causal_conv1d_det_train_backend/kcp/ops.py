@@ -1,7 +1,8 @@
-"""Context-parallel (KCP) programs: halo exchange + the single-rank kernels on local segments.
+"""Context-parallel (KCP) conv: programs, the autograd Functions, custom ops, recompute handle.
 
-Shape legend: S local rows, C channels (per tensor), D local segments, H = 3 halo rows,
-K rows this rank sends in the history exchange, F rows it sends in the future exchange, n tensors.
+Shape legend: S local rows, C channels (C_i of tensor i of a layer, C_sum all of them),
+D local segments, H = 3 halo rows, n tensors of one layer, K rows of a halo message,
+F rows whose g this rank computes for the future exchange.
 
 A rank holds fragments of the packed batch (``KcpContext``). Its rows are cut into segments
 (runs of consecutive tokens of one fragment and one document). For each segment d:
@@ -9,44 +10,60 @@ A rank holds fragments of the packed batch (``KcpContext``). Its rows are cut in
     hist[d, j] = x of the token 3 - j rows before its first token (zero outside the document)
     fut[d, j]  = FP32 g of the token j rows after its last token (zero outside the document)
 
-Forward: ONE exchange brings ``hist`` (x rows of every tensor of the layer, concatenated along
-channels) while the forward kernel computes every local row as if each segment started its
-document; then a small kernel rewrites the first rows of the segments whose document started
-elsewhere, reading hist. Backward: a head kernel computes g for the rows other fragments need
-(``fut_rows``), ONE exchange brings ``fut`` while the backward kernel computes dx (without the
-look-ahead halo) and the partial dweight/dbias, then a small kernel rewrites dx of the last rows of
-the segments whose document goes on elsewhere. (On the reference backend the exchange simply
-completes first.) The boundary rows thus go through the very arithmetic of the single-rank kernel on
-the very same inputs: y and dx are bitwise the single-rank op's on this rank's tokens (same
-backend). dweight/dbias are this rank's partial sums (FP32, fixed order within the rank); the
-training framework reduces them over the data- and context-parallel group like every gradient.
+and, with rows before the segment read from hist and rows after it from fut, the single-rank math:
 
-Autograd: the public ops and the Functions below call the torch custom ops of kcp_custom_ops.py
-(the context and the recompute handle travel as their ``op_id`` ints), whose real implementations
-call ``forward_with_handle`` (the recompute-handle rules, then the forward program above; the
-forward is overlapped with its exchange on Triton whenever it exchanges) and
-``cake_causal_conv1d_det_multi_backward_kcp``. The saved state is x, the taps, the biases and the
-received history rows [D, 3, C_i]: the backward never repeats the forward exchange.
+    y[t]  = silu(b + sum_k w[:, k] * x[t - 3 + k])
+    g[t]  = dy[t] * silu'(pre[t]),      dx[t] = sum_k w[:, k] * g[t + 3 - k]
+    dw    = sum_t g[t] * x[t - 3 + k],  db = sum_t g[t]        (this rank's rows: PARTIAL sums)
+
+Forward: the x rows other ranks need are packed (one gather per tensor into one buffer of all the
+layer's tensors) and ONE exchange flies while the forward kernel computes every row as if each
+segment started its document; then ``hist`` is assembled (one gather) and a small kernel rewrites
+the first rows of the segments whose document started elsewhere. Backward: a head kernel computes
+g of the rows other fragments look ahead into, ONE exchange flies while the backward kernels
+compute dx (without the look-ahead) and the partial dweight/dbias, then ``fut`` is assembled and a
+small kernel rewrites dx of the last rows of continued segments. (Reference backend: the exchange
+completes first.) The boundary rows thus go through the single-rank kernels' arithmetic on the
+same inputs: y and dx are bitwise the single-rank op's on this rank's tokens (same backend).
+
+The ladder, as for the single-rank op (conv.py):
+
+1. programs ``_forward_program`` / ``_backward_program`` on validated operands;
+2. the custom ops ``cakeconv::cake_causal_conv1d_det_kcp_forward`` / ``..._backward`` (validation,
+   the recompute-handle rules, rung 1) for torch.compile, which sees each as one opaque op; the
+   context and the handle travel as their ``op_id`` ints (a custom op cannot take a Python object);
+3. the entry points ``cake_causal_conv1d_det_(multi_)forward_kcp`` / ``..._backward_kcp``;
+4. the autograd Functions ``CakeCausalConv1dDetMultiFunctionKcp`` and its one-tensor form
+   ``CakeCausalConv1dDetFunctionKcp`` (eager: rung 1 directly, validated once; compiling: rung 2);
+5. the public ``cake_causal_conv1d_det_kcp`` / ``cake_causal_conv1d_det_multi_kcp``.
+
+The saved state is x, the taps, the biases and the received history rows [D, 3, C_i]: the
+backward never repeats the forward exchange.
 """
 
 from __future__ import annotations
 
+import itertools
+from typing import List
+
 import torch
+from torch import Tensor
 
 from .. import checks
-from . import custom_ops as kcp_custom_ops
-from .context import KcpContext, ObjectRegistry
-from .exchange import start_halo_exchange
-from ..ops import _rows
-from ..reference import reference_dx, reference_forward, reference_g_dw
+from ..constants import HALO_ROWS as H
+from ..conv import rows_view
 from ..kernels.launch import (
     backward_workspace_floats,
     triton_backward,
     triton_dx_rows,
     triton_forward,
     triton_forward_rows,
+    triton_halo_gather,
     triton_head_g,
 )
+from ..reference import reference_dx, reference_forward, reference_g_dw
+from .context import CONTEXTS, KcpContext, ObjectRegistry
+from .exchange import start_exchange
 
 __all__ = [
     "cake_causal_conv1d_det_forward_kcp",
@@ -58,10 +75,10 @@ __all__ = [
     "RecomputeHandleDetKcp",
 ]
 
-H = 3
 HANDLES = ObjectRegistry("RecomputeHandleDetKcp")
 KEY_SINGLE = "conv"  # the handle's entry of cake_causal_conv1d_det_kcp
 KEY_MULTI = "conv_multi"  # the handle's entry of cake_causal_conv1d_det_multi_kcp
+NO_HANDLE = -1
 
 
 class RecomputeHandleDetKcp:
@@ -77,11 +94,10 @@ class RecomputeHandleDetKcp:
     ``clear()`` makes the handle reusable. The exchange is a collective: every rank passes a handle
     for the same call or none.
 
-    ``op_id``: the process-local int by which the torch custom ops (kcp_custom_ops.py) find this
-    handle (a custom op cannot take a Python object); assigned once, at construction, from a
-    per-process counter, and held in a weak registry (a dropped handle is forgotten).
-    Under torch.compile every new handle is a new value of that int: the first new one causes one
-    recompile, after which Dynamo treats the id as a dynamic int.
+    ``op_id``: the process-local int by which the torch custom ops find this handle; assigned once,
+    at construction, from a per-process counter, and held in a weak registry (a dropped handle is
+    forgotten). Under torch.compile every new handle is a new value of that int: the first new one
+    causes one recompile, after which Dynamo treats the id as a dynamic int.
     """
 
     def __init__(self):
@@ -96,12 +112,7 @@ class RecomputeHandleDetKcp:
         return f"RecomputeHandleDetKcp(entries={sorted(self.entries)})"
 
 
-def _in_backward() -> bool:
-    """True while the autograd engine runs a backward (checkpoint recompute happens there)."""
-    return torch._C._current_graph_task_id() != -1
-
-
-# --------------------------------------------------------------------------------------- checks
+# ------------------------------------------------------------------------------------ checks
 
 def _check_fp32_param(pname, p, shape, shape_text, or_none, xname, x):
     """A KCP tap or bias: an FP32 tensor on x's device with ``shape`` (TypeError, then ValueError)."""
@@ -110,23 +121,24 @@ def _check_fp32_param(pname, p, shape, shape_text, or_none, xname, x):
                         f"{p.dtype if isinstance(p, torch.Tensor) else type(p).__name__}")
     if p.device != x.device:
         raise ValueError(f"{pname} is on {p.device} but {xname} is on {x.device}")
-    if tuple(p.shape) != shape:
+    if p.shape != shape:
         want = ", ".join(str(n) for n in shape)
         raise ValueError(f"{pname} must be {shape_text} = [{want}], got shape {tuple(p.shape)}")
 
 
 def _check_kcp(xs, weights, biases, ctx, backend):
-    """Validate a KCP call; returns (xs as [S, C] rows, resolved backend)."""
+    """Validate a KCP call; returns (xs as [S, C_i] rows, contiguous taps and biases, backend)."""
     if not isinstance(ctx, KcpContext):
         raise TypeError(f"ctx must be a KcpContext (from build_kcp_context), got {type(ctx).__name__}")
     if len(xs) == 0:
         raise ValueError("need at least one tensor")
     if len(weights) != len(xs) or len(biases) != len(xs):
         raise ValueError(f"got {len(xs)} tensors, {len(weights)} weights and {len(biases)} biases; give one of each per tensor")
-    S = ctx.num_local_tokens
-    rows = []
+    S = ctx.plan.num_local_tokens
+    multi = len(xs) > 1
+    rows, ws, bs = [], [], []
     for i, (x, w, b) in enumerate(zip(xs, weights, biases)):
-        name = f"xs[{i}]" if len(xs) > 1 else "x_local"
+        name = f"xs[{i}]" if multi else "x_local"
         checks.check_tensor(name, x, checks.X_DTYPES)
         if x.device != ctx.device:
             raise ValueError(f"{name} is on {x.device} but the KcpContext is on {ctx.device}")
@@ -139,37 +151,308 @@ def _check_kcp(xs, weights, biases, ctx, backend):
             raise ValueError(f"the channel count C must be a positive multiple of 8, got C = {C} for {name}")
         if x.dtype != xs[0].dtype:
             raise TypeError(f"all tensors of a multi call share one dtype: xs[0] is {xs[0].dtype}, {name} is {x.dtype}")
-        _check_fp32_param(f"weights[{i}]" if len(xs) > 1 else "weight", w, (C, 4), "[C, 4]", "", name, x)
+        _check_fp32_param(f"weights[{i}]" if multi else "weight", w, (C, 4), "[C, 4]", "", name, x)
         if b is not None:
-            _check_fp32_param(f"biases[{i}]" if len(xs) > 1 else "bias", b, (C,), "[C]", " or None", name, x)
-        rows.append(_rows(x, S, C))
-    return rows, checks.resolve_backend(backend, ctx.device)
+            _check_fp32_param(f"biases[{i}]" if multi else "bias", b, (C,), "[C]", " or None", name, x)
+        rows.append(rows_view(x, S, C))
+        ws.append(w if w.is_contiguous() else w.contiguous())
+        bs.append(b if b is None or b.is_contiguous() else b.contiguous())
+    return rows, ws, bs, checks.resolve_backend(backend, ctx.device)
 
 
-# ------------------------------------------------------------------------------------- programs
-
-def _split_channels(buf_NC, widths):
-    """Per-tensor contiguous [D, H, C_i] views of a [D*H, sum C_i] halo buffer."""
-    out, off = [], 0
-    for C in widths:
-        out.append(buf_NC[:, off:off + C].contiguous().view(-1, H, C))
-        off += C
-    return out
-
-
-def start_history_exchange(x_rows, ctx):
-    """Start ONE history exchange for all tensors; ``.wait()`` gives the [D*H, sum C_i] buffer."""
-    vals_KC = torch.cat([x.index_select(0, ctx.hist_rows) for x in x_rows], 1)
-    return start_halo_exchange(vals_KC, ctx.hist_exchange_compact, ctx.num_slots, ctx.group)
+def _check_dys(dys, xs, S):
+    """The upstream gradients: one per tensor, each its x's shape and a valid dtype; as rows."""
+    if len(dys) != len(xs):
+        raise ValueError(f"got {len(dys)} gradients for {len(xs)} tensors")
+    rows = []
+    for i, (dy, x) in enumerate(zip(dys, xs)):
+        name = f"dys[{i}]" if len(xs) > 1 else "dy"
+        checks.check_tensor(name, dy, checks.X_DTYPES, x.device)
+        if dy.shape != x.shape:
+            raise ValueError(f"{name} must have the shape {tuple(x.shape)} of its x, got {tuple(dy.shape)}")
+        rows.append(rows_view(dy, S, x.shape[-1]))
+    return rows
 
 
-def exchange_history(x_rows, ctx):
-    """ONE history exchange for all tensors; returns per tensor hist [D, H, C_i] (x's dtype)."""
-    return _split_channels(start_history_exchange(x_rows, ctx).wait(), [x.shape[1] for x in x_rows])
+# ---------------------------------------------------------------------------- 1. programs
 
+def _offsets(widths):
+    """Channel offset of each tensor in a buffer of all the layer's tensors side by side."""
+    return list(itertools.accumulate(widths, initial=0))
+
+
+def _gather_reference(out_KC, map_K, local_LC, recv_RC):
+    """The halo gather of kernels/halo.py in torch ops (reference backend)."""
+    out_KC.zero_()
+    loc = map_K >= 0
+    out_KC[loc] = local_LC[map_K[loc]].to(out_KC.dtype)
+    rem = map_K <= -2
+    if recv_RC is not None:
+        out_KC[rem] = recv_RC[-2 - map_K[rem]].to(out_KC.dtype)
+    return out_KC
+
+
+def _gather(be, out_KC, map_K, local_LC, recv_RC=None):
+    if be == "triton":
+        return triton_halo_gather(out_KC, map_K, local_LC, recv_RC)
+    return _gather_reference(out_KC, map_K, local_LC, recv_RC)
+
+
+def _start_history(x_rows, ctx, be):
+    """Pack the x rows peers need (all tensors side by side) and start ONE exchange.
+
+    Returns (pending exchange, receive buffer [K_recv, C_sum]).
+    """
+    tables = ctx.plan.hist
+    widths = [x.shape[1] for x in x_rows]
+    x0 = x_rows[0]
+    send = torch.empty((tables.send_rows.shape[0], sum(widths)), dtype=x0.dtype, device=x0.device)
+    for x_SC, off, C in zip(x_rows, _offsets(widths), widths):
+        _gather(be, send if len(x_rows) == 1 else send[:, off:off + C], tables.send_rows, x_SC)
+    recv = torch.empty((tables.num_recv, send.shape[1]), dtype=x0.dtype, device=x0.device)
+    return start_exchange(send, recv, tables, ctx.group, ctx.coalesce), recv
+
+
+def _assemble(be, tables, local_rows, recv, dtype, num_slots):
+    """Per tensor: its halo [D, H, C_i] from the local rows and the received ones (one gather)."""
+    widths = [t.shape[1] for t in local_rows]
+    halos = []
+    for local, off, C in zip(local_rows, _offsets(widths), widths):
+        halo = torch.empty((num_slots, C), dtype=dtype, device=local.device)
+        part = None
+        if recv.shape[0] > 0:
+            part = recv if len(local_rows) == 1 else recv[:, off:off + C]
+        _gather(be, halo, tables.map, local, part)
+        halos.append(halo.view(-1, H, C))
+    return halos
+
+
+def _forward_program(xs, x_rows, weights, biases, ctx, be, hists=None):
+    """(ys, hists): outputs of xs' shapes, and per tensor the history rows [D, H, C_i].
+
+    With ``hists`` given (a checkpoint recompute), no exchange happens.
+    """
+    plan = ctx.plan
+    S, cu = plan.num_local_tokens, plan.local_cu_seqlens
+    ys = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
+    y_rows = [y if y.dim() == 2 else y.view(x_SC.shape) for y, x_SC in zip(ys, x_rows)]
+    if hists is not None or S == 0:
+        if hists is None:
+            hists = [x_SC.new_zeros((0, H, x_SC.shape[1])) for x_SC in x_rows]
+        for x_SC, w, b, hist, y_SC in zip(x_rows, weights, biases, hists, y_rows):
+            if S > 0:
+                if be == "triton":
+                    triton_forward(x_SC, w, b, cu, None, y_SC, hist_NHC=hist)
+                else:
+                    reference_forward(x_SC, w, b, cu, out_SC=y_SC, hist_NHC=hist)
+        return ys, hists
+    pending, recv = _start_history(x_rows, ctx, be)
+    if be == "triton":
+        # Overlap: the exchange flies while the kernel computes every row as if each segment
+        # started its document; then only the first rows of continuing segments are rewritten.
+        for x_SC, w, b, y_SC in zip(x_rows, weights, biases, y_rows):
+            triton_forward(x_SC, w, b, cu, None, y_SC)
+        pending.wait()
+        hists = _assemble(be, plan.hist, x_rows, recv, x_rows[0].dtype, plan.num_segments * H)
+        for x_SC, w, b, hist, y_SC in zip(x_rows, weights, biases, hists, y_rows):
+            triton_forward_rows(x_SC, w, b, cu, hist, plan.fix_fwd_rows, y_SC)
+        return ys, hists
+    pending.wait()
+    hists = _assemble(be, plan.hist, x_rows, recv, x_rows[0].dtype, plan.num_segments * H)
+    for x_SC, w, b, hist, y_SC in zip(x_rows, weights, biases, hists, y_rows):
+        reference_forward(x_SC, w, b, cu, out_SC=y_SC, hist_NHC=hist)
+    return ys, hists
+
+
+def _backward_program(dy_rows, xs, x_rows, weights, biases, hists, ctx, be, dweight_dtype=torch.float32):
+    """(dxs, dweights, dbiases): dweight/dbias are this rank's partial sums (None: no bias)."""
+    plan = ctx.plan
+    S, cu, fut = plan.num_local_tokens, plan.local_cu_seqlens, plan.fut
+    widths = [x_SC.shape[1] for x_SC in x_rows]
+    offsets = _offsets(widths)
+    dev = x_rows[0].device
+    one = len(x_rows) == 1
+    # 1. g of the rows the future halos need (the first fut.num_send of them go to peers), all
+    #    tensors side by side; the reference computes g, dweight and dbias of every row at once.
+    g_buf = torch.empty((fut.g_rows.shape[0], sum(widths)), dtype=torch.float32, device=dev)
+    ref_parts = []
+    for x_SC, dy_SC, w, b, hist, off, C in zip(x_rows, dy_rows, weights, biases, hists, offsets, widths):
+        g_FC = g_buf if one else g_buf[:, off:off + C]
+        if be == "triton":
+            triton_head_g(dy_SC, x_SC, w, b, cu, hist, fut.g_rows, g_FC)
+        else:
+            parts = reference_g_dw(dy_SC, x_SC, w, b, cu, hist_NHC=hist)
+            ref_parts.append(parts)
+            g_FC.copy_(parts[0].index_select(0, fut.g_rows))
+    # 2. ONE future exchange for all tensors; on the Triton backend it flies during step 3.
+    recv = torch.empty((fut.num_recv, g_buf.shape[1]), dtype=torch.float32, device=dev)
+    pending = start_exchange(g_buf[:fut.num_send], recv, fut, ctx.group, ctx.coalesce)
+    if be != "triton":
+        pending.wait()
+    # 3. dx (without the look-ahead on Triton) and the partial dweight/dbias of this rank.
+    dxs, dws, dbs = [], [], []
+    for i, (x, x_SC, dy_SC, w, b, hist) in enumerate(zip(xs, x_rows, dy_rows, weights, biases, hists)):
+        C = widths[i]
+        dx = torch.empty(x.shape, dtype=x.dtype, device=dev)
+        dx_SC = dx if dx.dim() == 2 else dx.view(S, C)
+        if S == 0:
+            dw = torch.zeros((C, 4), dtype=dweight_dtype, device=dev)
+            db = torch.zeros((C,), dtype=dweight_dtype, device=dev) if b is not None else None
+        elif be == "triton":
+            dw = torch.empty((C, 4), dtype=dweight_dtype, device=dev)
+            db = torch.empty((C,), dtype=dweight_dtype, device=dev) if b is not None else None
+            ws = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=dev)
+            triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist)
+        else:
+            g32, dw32, db32, w32, d_S = ref_parts[i]
+            fut_i = _assemble(be, fut, [g_buf if one else g_buf[:, offsets[i]:offsets[i] + C]],
+                              recv if one else recv[:, offsets[i]:offsets[i] + C], torch.float32,
+                              plan.num_segments * H)[0]
+            dx_SC.copy_(reference_dx(g32, w32, d_S, cu, fut_NHC=fut_i))
+            dw, db = dw32.to(dweight_dtype), (db32.to(dweight_dtype) if b is not None else None)
+        dxs.append(dx)
+        dws.append(dw)
+        dbs.append(db)
+    if be == "triton" and S > 0:
+        pending.wait()
+        futs = _assemble(be, fut, [g_buf if one else g_buf[:, off:off + C] for off, C in zip(offsets, widths)],
+                         recv, torch.float32, plan.num_segments * H)
+        for x_SC, dy_SC, w, b, hist, fut_i, dx in zip(x_rows, dy_rows, weights, biases, hists, futs, dxs):
+            triton_dx_rows(dy_SC, x_SC, w, b, cu, hist, fut_i, plan.fix_bwd_rows, dx if dx.dim() == 2 else dx.view(x_SC.shape))
+    else:
+        pending.wait()
+    return dxs, dws, dbs
+
+
+# ------------------------------------------------------------ the recompute-handle rules
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward on this thread (checkpoint recompute runs
+    there, eager or compiled)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _stored_histories(key, handle):
+    """The history rows a checkpoint recompute reads back from the handle, or None (exchange).
+
+    Raises RuntimeError (before any exchange, so no rank hangs) when the handle already holds
+    ``key`` outside a backward: a handle reused across micro-steps or calls.
+    """
+    if handle is None or key not in handle.entries:
+        return None
+    if not _in_backward():
+        raise RuntimeError(
+            f"RecomputeHandleDetKcp already holds an entry {key!r} outside a backward: a handle is "
+            f"reused across micro-steps or calls; create one per call and micro-step, or clear() it")
+    return handle.entries[key]
+
+
+def _forward_checked(xs, weights, biases, kctx, backend, handle, key):
+    """(ys, hists) of a KCP call: validation, the recompute-handle rules, the forward program.
+
+    No handle: the program with its exchange. A handle without ``key``: the same, and the received
+    history rows are stored in ``handle.entries[key]``. A handle with ``key``, inside a backward
+    (a checkpoint recompute): no exchange, the stored rows are used; outside a backward:
+    RuntimeError. With a handle the returned hists are copies (the stored entry never aliases
+    anything the caller or a compiler could write to).
+    """
+    x_rows, ws, bs, be = _check_kcp(xs, weights, biases, kctx, backend)
+    stored = _stored_histories(key, handle)
+    ys, hists = _forward_program(xs, x_rows, ws, bs, kctx, be, stored)
+    if handle is not None:
+        if stored is None:
+            handle.entries[key] = hists
+        hists = [h.clone() for h in hists]
+    return ys, hists
+
+
+def _backward_checked(dys, xs, weights, biases, hists, kctx, backend, dweight_dtype=torch.float32):
+    """(dxs, dweights, dbiases) of a KCP call: validation, then the backward program."""
+    x_rows, ws, bs, be = _check_kcp(xs, weights, biases, kctx, backend)
+    dy_rows = _check_dys(dys, xs, kctx.plan.num_local_tokens)
+    return _backward_program(dy_rows, xs, x_rows, ws, bs, hists, kctx, be, dweight_dtype)
+
+
+# --------------------------------------------------------- 2. custom ops (for torch.compile)
+
+def _optional_biases(biases, has_bias):
+    return [b if hb else None for b, hb in zip(biases, has_bias)]
+
+
+@torch.library.custom_op("cakeconv::cake_causal_conv1d_det_kcp_forward", mutates_args=())
+def forward_op(xs: List[Tensor], weights: List[Tensor], biases: List[Tensor], has_bias: List[bool],
+               context_id: int, num_segments: int, handle_id: int, key: str, backend: str) -> List[Tensor]:
+    """ys + hists: the KCP forward of n tensors with ONE halo exchange (the handle rules apply).
+
+    A missing bias is a [0] FP32 placeholder with ``has_bias[i] = False``; ``num_segments`` (D)
+    shapes the hists outputs [D, H, C_i] in the fake implementation.
+    """
+    kctx = CONTEXTS.lookup(context_id)
+    if num_segments != kctx.num_segments:
+        raise ValueError(f"num_segments = {num_segments} but the KcpContext (op_id {context_id}) has "
+                         f"D = {kctx.num_segments} local segments")
+    handle = None if handle_id == NO_HANDLE else HANDLES.lookup(handle_id)
+    ys, hists = _forward_checked(list(xs), list(weights), _optional_biases(biases, has_bias), kctx, backend,
+                                 handle, key)
+    return [*ys, *hists]
+
+
+@forward_op.register_fake
+def _forward_fake(xs, weights, biases, has_bias, context_id, num_segments, handle_id, key, backend):
+    return ([x.new_empty(x.shape) for x in xs]
+            + [x.new_empty((num_segments, H, x.shape[-1])) for x in xs])
+
+
+@torch.library.custom_op("cakeconv::cake_causal_conv1d_det_kcp_backward", mutates_args=())
+def backward_op(dys: List[Tensor], xs: List[Tensor], weights: List[Tensor], biases: List[Tensor],
+                has_bias: List[bool], hists: List[Tensor], context_id: int, backend: str) -> List[Tensor]:
+    """dxs + dweights + dbiases (FP32 partial sums; a [0] dbias where the bias is missing)."""
+    kctx = CONTEXTS.lookup(context_id)
+    dxs, dws, dbs = _backward_checked(list(dys), list(xs), list(weights), _optional_biases(biases, has_bias),
+                                      list(hists), kctx, backend)
+    dbs = [w.new_empty((0,), dtype=torch.float32) if db is None else db for db, w in zip(dbs, weights)]
+    return [*dxs, *dws, *dbs]
+
+
+@backward_op.register_fake
+def _backward_fake(dys, xs, weights, biases, has_bias, hists, context_id, backend):
+    return ([x.new_empty(x.shape) for x in xs]
+            + [w.new_empty(w.shape, dtype=torch.float32) for w in weights]
+            + [b.new_empty(b.shape, dtype=torch.float32) for b in biases])
+
+
+def _check_operand_types(xs, weights, biases, kctx, handle, backend):
+    """Raise on operands the custom ops' schema cannot take (compiling only; eager validation
+    names them anyway): with the eager messages where ``_check_kcp`` can name the operand."""
+    if handle is not None and not isinstance(handle, RecomputeHandleDetKcp):
+        raise TypeError(f"recompute_handle must be a RecomputeHandleDetKcp or None, got {type(handle).__name__}")
+    ok = (isinstance(kctx, KcpContext) and len(xs) > 0 and len(weights) == len(xs) and len(biases) == len(xs)
+          and all(isinstance(t, Tensor) for t in (*xs, *weights))
+          and all(b is None or isinstance(b, Tensor) for b in biases) and isinstance(backend, str))
+    if not ok:
+        _check_kcp(list(xs), list(weights), list(biases), kctx, backend)
+        names = lambda ts: [type(t).__name__ for t in ts]  # noqa: E731
+        raise TypeError(f"KCP conv got operands it cannot take: xs {names(xs)}, weights {names(weights)}, "
+                        f"biases {names(biases)}, backend {type(backend).__name__}")
+
+
+def _forward_call(xs, weights, biases, kctx, backend, handle, key):
+    """(ys, hists): eager, the checked program; compiling, the forward op."""
+    if torch.compiler.is_compiling():
+        _check_operand_types(xs, weights, biases, kctx, handle, backend)
+        placed = [w.new_empty((0,), dtype=torch.float32) if b is None else b for b, w in zip(biases, weights)]
+        out = forward_op(list(xs), list(weights), placed, [b is not None for b in biases], kctx.op_id,
+                         kctx.num_segments, NO_HANDLE if handle is None else handle.op_id, key, backend)
+        return out[:len(xs)], out[len(xs):]
+    if handle is not None and not isinstance(handle, RecomputeHandleDetKcp):
+        raise TypeError(f"recompute_handle must be a RecomputeHandleDetKcp or None, got {type(handle).__name__}")
+    return _forward_checked(xs, weights, biases, kctx, backend, handle, key)
+
+
+# ------------------------------------------------------------------------- 3. entry points
 
 def cake_causal_conv1d_det_multi_forward_kcp(xs, weights, ctx, biases=None, *, backend="auto", hists=None):
-    """Forward of several tensors of one layer with ONE halo exchange.
+    """Forward of several tensors of one layer with ONE halo exchange (no autograd).
 
     Args:
         xs: list of [S_local, C_i] or [1, S_local, C_i] local rows (one dtype), in ctx's order.
@@ -180,38 +463,10 @@ def cake_causal_conv1d_det_multi_forward_kcp(xs, weights, ctx, biases=None, *, b
     Returns:
         (ys, hists): outputs of xs' shapes and dtype, and the per-tensor history rows [D, 3, C_i].
     """
+    xs, weights = list(xs), list(weights)
     biases = list(biases) if biases is not None else [None] * len(xs)
-    x_rows, be = _check_kcp(list(xs), list(weights), biases, ctx, backend)
-    return _forward_rows(list(xs), x_rows, list(weights), biases, ctx, be, hists)
-
-
-def _forward_rows(xs, x_rows, weights, biases, ctx, be, hists):
-    """The forward program on validated operands (x_rows: xs as [S, C_i]; be: resolved backend)."""
-    cu = ctx.local_cu_seqlens
-    ys = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
-    y_rows = [y.view(x_SC.shape) for y, x_SC in zip(ys, x_rows)]
-    S = ctx.num_local_tokens
-    if hists is None and be == "triton":
-        # Overlap: the exchange flies while the kernel computes every row as if each segment
-        # started its document; then only the first rows of continuing segments are rewritten.
-        pending = start_history_exchange(x_rows, ctx)
-        for x_SC, w, b, y_SC in zip(x_rows, weights, biases, y_rows):
-            if S > 0:
-                triton_forward(x_SC, w, b, cu, None, y_SC)
-        hists = _split_channels(pending.wait(), [x.shape[1] for x in x_rows])
-        for x_SC, w, b, hist, y_SC in zip(x_rows, weights, biases, hists, y_rows):
-            if S > 0:
-                triton_forward_rows(x_SC, w, b, cu, hist, ctx.fix_fwd_rows, y_SC)
-        return ys, hists
-    if hists is None:
-        hists = exchange_history(x_rows, ctx)
-    for x_SC, w, b, hist, y_SC in zip(x_rows, weights, biases, hists, y_rows):
-        if S > 0:
-            if be == "triton":
-                triton_forward(x_SC, w, b, cu, None, y_SC, hist_NHC=hist)
-            else:
-                reference_forward(x_SC, w, b, cu, out_SC=y_SC, hist_NHC=hist)
-    return ys, hists
+    x_rows, ws, bs, be = _check_kcp(xs, weights, biases, ctx, backend)
+    return _forward_program(xs, x_rows, ws, bs, ctx, be, None if hists is None else list(hists))
 
 
 def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None, *, hists,
@@ -226,62 +481,9 @@ def cake_causal_conv1d_det_multi_backward_kcp(dys, xs, weights, ctx, biases=None
         in ``dweight_dtype``); the framework all-reduces them like any gradient. dbias entries are
         None where the bias is None.
     """
+    xs, weights = list(xs), list(weights)
     biases = list(biases) if biases is not None else [None] * len(xs)
-    x_rows, be = _check_kcp(list(xs), list(weights), biases, ctx, backend)
-    S = ctx.num_local_tokens
-    dy_rows = []
-    for i, (dy, x) in enumerate(zip(dys, xs)):
-        checks.check_tensor(f"dys[{i}]", dy, checks.X_DTYPES, x.device)
-        if tuple(dy.shape) != tuple(x.shape):
-            raise ValueError(f"dys[{i}] must have the shape {tuple(x.shape)} of its x, got {tuple(dy.shape)}")
-        dy_rows.append(_rows(dy, S, x.shape[-1]))
-    cu = ctx.local_cu_seqlens
-    fut_rows = ctx.fut_rows
-    # 1. g of the rows other fragments look ahead into (same arithmetic as the main kernel).
-    g_sends, ref_parts = [], []
-    for x_SC, dy_SC, w, b, hist in zip(x_rows, dy_rows, weights, biases, hists):
-        if be == "triton":
-            g_FC = torch.empty((fut_rows.numel(), x_SC.shape[1]), dtype=torch.float32, device=x_SC.device)
-            if S > 0:
-                triton_head_g(dy_SC, x_SC, w, b, cu, hist, fut_rows, g_FC)
-        else:
-            # g, dweight and dbias need no look-ahead: computed once; only dx waits for fut.
-            parts = reference_g_dw(dy_SC, x_SC, w, b, cu, hist_NHC=hist)
-            ref_parts.append(parts)
-            g_FC = parts[0].index_select(0, fut_rows)
-        g_sends.append(g_FC)
-    # 2. ONE future exchange for all tensors; on the Triton backend it flies during step 3.
-    pending = start_halo_exchange(torch.cat(g_sends, 1), ctx.fut_exchange, ctx.num_slots, ctx.group)
-    widths = [x.shape[1] for x in x_rows]
-    futs = None if be == "triton" else _split_channels(pending.wait(), widths)
-    # 3. dx and the partial dweight/dbias of this rank.
-    dxs, dws, dbs = [], [], []
-    for i, (x, x_SC, dy_SC, w, b, hist) in enumerate(zip(xs, x_rows, dy_rows, weights, biases, hists)):
-        C = x_SC.shape[1]
-        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        dw = torch.zeros((C, 4), dtype=dweight_dtype, device=x.device)
-        db = torch.zeros((C,), dtype=dweight_dtype, device=x.device) if b is not None else None
-        if S > 0:
-            dx_SC = dx.view(S, C)
-            if be == "triton":
-                # Without the look-ahead halo: the last rows of continued segments are redone below.
-                ws = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=x.device)
-                triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist)
-            else:
-                g32, dw32, db32, w32, d_S = ref_parts[i]
-                dx_SC.copy_(reference_dx(g32, w32, d_S, cu, fut_NHC=futs[i]))
-                dw.copy_(dw32)
-                if db is not None:
-                    db.copy_(db32)
-        dxs.append(dx)
-        dws.append(dw)
-        dbs.append(db)
-    if be == "triton":
-        futs = _split_channels(pending.wait(), widths)
-        for x_SC, dy_SC, w, b, hist, fut, dx in zip(x_rows, dy_rows, weights, biases, hists, futs, dxs):
-            if S > 0:
-                triton_dx_rows(dy_SC, x_SC, w, b, cu, hist, fut, ctx.fix_bwd_rows, dx.view(x_SC.shape))
-    return dxs, dws, dbs
+    return _backward_checked(list(dys), xs, weights, biases, list(hists), ctx, backend, dweight_dtype)
 
 
 def cake_causal_conv1d_det_forward_kcp(x_local, weight, ctx, bias=None, *, backend="auto", hist=None):
@@ -299,42 +501,31 @@ def cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx, bias=None, *, 
     return dxs[0], dws[0], dbs[0]
 
 
-# ------------------------------------------------------------------------------------- autograd
+# ----------------------------------------------------------------- 4. autograd Functions
 
-def _stored_histories(key, handle):
-    """The history rows a checkpoint recompute reads back from the handle, or None (exchange).
-
-    Raises RuntimeError (before any exchange, so no rank hangs) when the handle already holds
-    ``key`` outside a backward: a handle reused across micro-steps or calls.
-    """
-    if handle is None or key not in handle.entries:
-        return None
-    if not _in_backward():
-        raise RuntimeError(
-            f"RecomputeHandleDetKcp already holds an entry {key!r} outside a backward: a handle is "
-            f"reused across micro-steps or calls; create one per call and micro-step, or clear() it")
-    return handle.entries[key]
+def _save(fctx, xs, weights, biases, hists, kctx, backend):
+    fctx.n = len(xs)
+    fctx.backend = backend
+    fctx.has_bias = [b is not None for b in biases]
+    fctx.context_id = kctx.op_id
+    # Eager, the node holds the context until the backward; a compiled graph holds only its id.
+    fctx.kcp_context = None if torch.compiler.is_compiling() else kctx
+    fctx.save_for_backward(*xs, *weights, *biases, *hists)
 
 
-def forward_with_handle(xs, weights, biases, ctx, backend, handle, key):
-    """(ys, hists): the KCP forward of an autograd call, with the recompute-handle rules (SPEC 5).
-
-    No handle: the forward program with its exchange (overlapped with the kernel on Triton).
-    A handle without ``key``: the same, and the received history rows are stored in
-    ``handle.entries[key]``. A handle with ``key``, inside a backward (a checkpoint recompute): no
-    exchange, the stored rows are used. Outside a backward: RuntimeError. The rows a stored entry
-    holds are bitwise the exchanged ones, so y and every gradient are those of the run without a
-    handle. With a handle the returned hists are copies (a custom op's outputs must be fresh
-    tensors; the stored entry never aliases anything the caller or a compiler could write to).
-    """
-    x_rows, be = _check_kcp(xs, weights, biases, ctx, backend)
-    stored = _stored_histories(key, handle)
-    ys, hists = _forward_rows(xs, x_rows, weights, biases, ctx, be, stored)
-    if handle is not None:
-        if stored is None:
-            handle.entries[key] = hists
-        hists = [h.clone() for h in hists]
-    return ys, hists
+def _gradients(fctx, dys):
+    """(dxs, dweights, dbiases) of a saved KCP call; dbias None where the bias is missing."""
+    n = fctx.n
+    saved = fctx.saved_tensors
+    xs, weights, biases, hists = saved[:n], saved[n:2 * n], saved[2 * n:3 * n], saved[3 * n:]
+    dys = [torch.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
+    if torch.compiler.is_compiling() or fctx.kcp_context is None:
+        placed = [w.new_empty((0,), dtype=torch.float32) if b is None else b for b, w in zip(biases, weights)]
+        out = backward_op(dys, list(xs), list(weights), placed, fctx.has_bias, list(hists), fctx.context_id,
+                          fctx.backend)
+        dbs = [db if hb else None for db, hb in zip(out[2 * n:], fctx.has_bias)]
+        return list(out[:n]), list(out[n:2 * n]), dbs
+    return _backward_checked(dys, list(xs), list(weights), list(biases), list(hists), fctx.kcp_context, fctx.backend)
 
 
 class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
@@ -355,29 +546,21 @@ class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
     FP32 g rows, then ``dx[t] = sum_k w[:, k] * g[t + 3 - k]`` with g rows past the segment read
     from fut, and the partial ``dw = sum_t g[t] x[t - 3 + k]``, ``db = sum_t g[t]`` of this rank.
 
-    ``apply(kctx, backend, handle, n, *xs, *weights, *biases)``. The forward and backward call the
-    torch custom ops ``cakeconv::cake_causal_conv1d_det_kcp_forward`` / ``..._backward``
-    (kcp_custom_ops.py) and save and read the state through the same helpers as the op's registered
-    autograd formula, so ``apply`` gives bitwise the y and gradients of
-    ``cake_causal_conv1d_det_multi_kcp`` (which calls the op directly). Both compile under
-    ``torch.compile(fullgraph=True)`` without a graph break. The saved state is xs, the taps, the
-    biases and the received history rows: the backward never repeats the forward exchange.
+    ``apply(kctx, backend, handle, n, *xs, *weights, *biases)``. Eager, the forward validates once
+    and runs the programs; under torch.compile it calls the custom ops (module docstring), so both
+    give the same bits and compile without a graph break.
     """
-
-    KEY = KEY_MULTI
 
     @staticmethod
     def forward(ctx, kctx, backend, handle, n, *args):
         xs, weights, biases = list(args[:n]), list(args[n:2 * n]), list(args[2 * n:3 * n])
-        op_args = kcp_custom_ops.op_arguments(xs, weights, biases, kctx, handle,
-                                              KEY_MULTI, backend)
-        out = kcp_custom_ops.forward_op(*op_args)
-        kcp_custom_ops.save_state(ctx, op_args, out[n:], kctx)
-        return tuple(out[:n])
+        ys, hists = _forward_call(xs, weights, biases, kctx, backend, handle, KEY_MULTI)
+        _save(ctx, xs, weights, biases, hists, kctx, backend)
+        return tuple(ys)
 
     @staticmethod
     def backward(ctx, *dys):
-        dxs, dws, dbs = kcp_custom_ops.gradients(ctx, dys)
+        dxs, dws, dbs = _gradients(ctx, dys)
         return (None, None, None, None, *dxs, *dws, *dbs)
 
 
@@ -386,21 +569,81 @@ class CakeCausalConv1dDetFunctionKcp(torch.autograd.Function):
 
     Shapes and math as ``CakeCausalConv1dDetMultiFunctionKcp``; the recompute handle key is
     ``"conv"``. ``apply(x_local, weight, bias, kctx, backend, handle)`` gives bitwise the y and
-    gradients of ``cake_causal_conv1d_det_kcp`` (the same custom ops and helpers), and those of the
-    multi form's entry for the same tensor.
+    gradients of ``cake_causal_conv1d_det_kcp``, and those of the multi form's entry for the same
+    tensor.
     """
-
-    KEY = KEY_SINGLE
 
     @staticmethod
     def forward(ctx, x_local, weight, bias, kctx, backend, handle):
-        op_args = kcp_custom_ops.op_arguments([x_local], [weight], [bias], kctx, handle,
-                                              KEY_SINGLE, backend)
-        out = kcp_custom_ops.forward_op(*op_args)
-        kcp_custom_ops.save_state(ctx, op_args, out[1:], kctx)
-        return out[0]
+        ys, hists = _forward_call([x_local], [weight], [bias], kctx, backend, handle, KEY_SINGLE)
+        _save(ctx, [x_local], [weight], [bias], hists, kctx, backend)
+        return ys[0]
 
     @staticmethod
     def backward(ctx, dy):
-        dxs, dws, dbs = kcp_custom_ops.gradients(ctx, (dy,))
+        dxs, dws, dbs = _gradients(ctx, (dy,))
         return dxs[0], dws[0], dbs[0], None, None, None
+
+
+# ------------------------------------------------------------------- 5. the public ops
+
+def _needs_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and getattr(t, "requires_grad", False) for t in tensors)
+
+
+def cake_causal_conv1d_det_kcp(x_local, weight, ctx, *, bias=None, recompute_handle=None, backend="auto"):
+    """Autograd-enabled KCP causal conv1d + SiLU of this rank's fragments.
+
+    For token t of document d (global ``cu_seqlens`` of the context), in FP32:
+    ``y[t] = silu(bias + sum_{k=0..3} weight[:, k] * x[t - 3 + k])``, rows before the document's
+    start read as zero. Rows of the document that another rank (or another fragment of this rank)
+    holds come through the halo exchange, so the result is bitwise the single-rank op of the whole
+    batch restricted to this rank's rows.
+
+    Args:
+        x_local: [S_local, C] or [1, S_local, C] (bf16, fp16 or fp32), this rank's rows in the
+            context's local order (``ctx.shard(x_global)``); C a multiple of 8.
+        weight: FP32 [C, 4] taps (other dtypes raise TypeError).
+        ctx: the ``KcpContext`` of this batch (``build_kcp_context``).
+        bias: optional FP32 [C].
+        recompute_handle: optional ``RecomputeHandleDetKcp``; under torch.utils.checkpoint the
+            recompute then reuses the forward's history rows instead of exchanging again. All ranks
+            pass a handle for the same call or none.
+        backend: "auto", "triton" or "reference".
+
+    Returns:
+        y of x_local's shape and dtype. Backward: dx of this rank's rows (bitwise the single-rank
+        dx), and dweight/dbias as this rank's PARTIAL sums (FP32): the training framework reduces
+        them over the data- and context-parallel group as it does for every parameter.
+
+    Eager and ``torch.compile(fullgraph=True)`` give the same bits (compiled, the op is the custom
+    op ``torch.ops.cakeconv.cake_causal_conv1d_det_kcp_forward``, with no graph break), also with a
+    recompute handle under ``torch.utils.checkpoint`` inside or around the compiled code. Keep
+    ``ctx`` alive until the backward has run (a compiled graph refers to it by its ``op_id`` only).
+    The exchange is a collective: every rank must make the same KCP calls in the same order. A rank
+    that raises before its exchange (bad input on that rank) leaves its peers waiting until the
+    process group's timeout ends them with an error (docs/kcp.md, "When a rank fails").
+    """
+    if _needs_grad((x_local, weight, bias)):
+        return CakeCausalConv1dDetFunctionKcp.apply(x_local, weight, bias, ctx, backend, recompute_handle)
+    return _forward_call([x_local], [weight], [bias], ctx, backend, recompute_handle, KEY_SINGLE)[0][0]
+
+
+def cake_causal_conv1d_det_multi_kcp(xs, weights, ctx, *, biases=None, recompute_handle=None, backend="auto"):
+    """Several tensors of one layer (e.g. q, k, v, each with its own C and taps) in one call.
+
+    One halo exchange in the forward and one in the backward serve all tensors (their boundary
+    rows travel side by side along channels). Every output and gradient is bitwise the one of
+    ``cake_causal_conv1d_det_kcp`` on that tensor alone. Arguments as there, as lists (one dtype for
+    all xs); ``biases`` is None or a list with None entries allowed.
+
+    Returns:
+        tuple of outputs, one per tensor.
+    """
+    xs, weights = list(xs), list(weights)
+    biases = list(biases) if biases is not None else [None] * len(xs)
+    if len(weights) != len(xs) or len(biases) != len(xs):
+        raise ValueError(f"got {len(xs)} tensors, {len(weights)} weights and {len(biases)} biases; give one of each per tensor")
+    if _needs_grad((*xs, *weights, *biases)):
+        return CakeCausalConv1dDetMultiFunctionKcp.apply(ctx, backend, recompute_handle, len(xs), *xs, *weights, *biases)
+    return tuple(_forward_call(xs, weights, biases, ctx, backend, recompute_handle, KEY_MULTI)[0])

@@ -39,8 +39,7 @@ from typing import Sequence
 
 import torch
 
-HALO_ROWS = 3
-"""H = W - 1 for the width-4 conv."""
+from ..constants import HALO_ROWS  # H = W - 1 = 3 for the width-4 conv
 
 LAYOUTS = ("contiguous", "zigzag", "zigzag_per_document")
 """Names accepted by ``layout_fragments``."""
@@ -219,46 +218,53 @@ def validate_fragments(fragments, total_tokens: int, world_size: int) -> Fragmen
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ExchangeSpec:
-    """One rank's part of a halo exchange, fully indexed so the exchange does no host work.
+class HaloTables:
+    """One direction (history or future) of a rank's halo exchange, as index tables.
 
-    The exchange moves rows of a per-rank ``values[num_values, C]`` array into a per-rank
-    ``buffer[num_slots, C]`` (``num_slots = n_seg * H``, slot = d * H + j); every slot is filled
-    from exactly one (rank, row) source or left zero.
+    The exchange moves rows of the ranks' "source" arrays into each rank's halo buffer
+    ``halo[D * H, C]`` (slot ``d * H + j``). This rank:
 
-    Fields:
-        rank: this rank (in the group).
-        num_values: rows of the values array this rank sends from (S_local for the history
-            exchange, n_fut = len(fut_rows) for the future exchange).
-        num_slots: rows of the buffer this rank receives into (n_seg * H).
-        peers: other ranks this rank sends to or receives from, increasing; both dicts below have
-            a (possibly empty) entry for every peer.
-        send_idx: ``send_idx[q]`` int64 [K]: rows of this rank's values array to send to q, in the
-            order q lists them in its ``recv_slot[rank]``.
-        recv_slot: ``recv_slot[q]`` int64 [K]: this rank's buffer slots filled by q's message, in
-            message order (ascending slot).
-        self_src_idx: int64 [K]: rows of this rank's own values array copied locally ...
-        self_dst_slot: int64 [K]: ... into these slots (ascending).
+    1. packs the rows it sends, ``send[i] = source[send_rows[i]]``, peer after peer;
+    2. sends ``send[off : off + n]`` to each ``(peer, n)`` of ``sends`` (in order, ``off`` the
+       running sum) and receives ``recv[off : off + n]`` from each ``(peer, n)`` of ``recvs``;
+    3. fills every slot from ``map``: ``m >= 0``: ``local[m]``; ``m <= -2``: ``recv[-2 - m]``;
+       ``m == -1``: zero (the token is outside the segment's document).
+
+    The source and ``local`` arrays: history: both are the local x rows ``x[S, C]``. Future: the
+    source is the local FP32 g rows, computed only for ``g_rows`` (``local[i]`` = g of local row
+    ``g_rows[i]``; the first ``len(send_rows)`` of them are ``send_rows``, then the rows this rank
+    reads itself), so ``send_rows`` and the non-negative ``map`` entries index ``local``.
+
+    Between two ranks there is at most one message per direction, whose length and row order both
+    ends derive from the same global tables, so sends and receives pair up in any matching order.
+
+    Fields (index tensors int64):
+        send_rows: [K_send] rows of the source array to send (history: local rows; future: indices
+            into ``local``, i.e. ``0 .. K_send - 1``).
+        sends: ``((peer, n), ...)``, ascending peer; n > 0.
+        recvs: ``((peer, n), ...)``, ascending peer; n > 0.
+        map: [D * H] slot sources as above.
+        g_rows: [F] (future only; empty for history) local rows whose g this rank computes.
     """
 
-    rank: int
-    num_values: int
-    num_slots: int
-    peers: tuple[int, ...]
-    send_idx: dict[int, torch.Tensor]
-    recv_slot: dict[int, torch.Tensor]
-    self_src_idx: torch.Tensor
-    self_dst_slot: torch.Tensor
+    send_rows: torch.Tensor
+    sends: tuple[tuple[int, int], ...]
+    recvs: tuple[tuple[int, int], ...]
+    map: torch.Tensor
+    g_rows: torch.Tensor
 
-    def to(self, device) -> "ExchangeSpec":
+    @property
+    def num_send(self) -> int:
+        return sum(n for _, n in self.sends)
+
+    @property
+    def num_recv(self) -> int:
+        return sum(n for _, n in self.recvs)
+
+    def to(self, device) -> "HaloTables":
         """A copy with every index tensor on ``device``."""
-        return dataclasses.replace(
-            self,
-            send_idx={q: t.to(device) for q, t in self.send_idx.items()},
-            recv_slot={q: t.to(device) for q, t in self.recv_slot.items()},
-            self_src_idx=self.self_src_idx.to(device),
-            self_dst_slot=self.self_dst_slot.to(device),
-        )
+        return dataclasses.replace(self, send_rows=self.send_rows.to(device), map=self.map.to(device),
+                                   g_rows=self.g_rows.to(device))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -266,25 +272,22 @@ class RankPlan:
     """Everything one rank needs for the KCP forward and backward, computed on the host.
 
     Fields (CPU tensors until ``to(device)``):
-        rank, world_size: this rank and P.
+        rank, world_size: this rank and P (in the process group).
         num_local_tokens: S_local.
-        num_segments: n_seg.
+        num_segments: D.
         local_token_indices: int64 [S]: global token of each local row, in local order.
-        local_cu_seqlens: int32 [n_seg + 1]: segment boundaries in local rows (``[0]`` if S = 0).
-        hist_src: int64 [n_seg, H, 2]: ``(owner_rank, owner_local_row)`` of global token
+        local_cu_seqlens: int32 [D + 1]: segment boundaries in local rows (``[0]`` if S = 0).
+        hist_src: int64 [D, H, 2]: ``(owner_rank, owner_local_row)`` of global token
             ``first_token(d) - H + j``, or ``(-1, -1)`` when that token is before the segment's
             document start.
-        fut_src: int64 [n_seg, H, 2]: ``(owner_rank, owner_local_row)`` of global token
+        fut_src: int64 [D, H, 2]: ``(owner_rank, owner_local_row)`` of global token
             ``stop_token(d) + j``, or ``(-1, -1)`` when that token is at or past the document end.
-        fut_rows: int64 [n_fut]: sorted unique local rows of this rank named as ``(rank, row)`` in
-            any rank's ``fut_src`` (this rank included). The future exchange sends rows of
-            ``g_send[n_fut, C]`` with ``g_send[i]`` = FP32 gradient of the pre-activation of local
-            row ``fut_rows[i]``.
-        hist_exchange: ExchangeSpec whose values are rows of ``x_local[S, C]``; the receive buffer
-            ``hist[n_seg * H, C]`` holds slot ``d*H + j`` = the token named by ``hist_src[d, j]``.
-        fut_exchange: ExchangeSpec whose values are rows of ``g_send[n_fut, C]``; the receive
-            buffer ``fut[n_seg * H, C]`` holds slot ``d*H + j`` = g of the token named by
-            ``fut_src[d, j]``.
+        fix_fwd_rows: int64: the first (up to 3) rows of every segment with a history row (their
+            taps reach into another fragment): the forward rewrites their y once the halo is in.
+        fix_bwd_rows: int64: the last (up to 3) rows of every segment with a look-ahead row: the
+            backward rewrites their dx once the future halo is in.
+        hist: HaloTables of the history exchange (x rows before each segment).
+        fut: HaloTables of the future exchange (FP32 g rows after each segment).
     """
 
     rank: int
@@ -295,22 +298,38 @@ class RankPlan:
     local_cu_seqlens: torch.Tensor
     hist_src: torch.Tensor
     fut_src: torch.Tensor
-    fut_rows: torch.Tensor
-    hist_exchange: ExchangeSpec
-    fut_exchange: ExchangeSpec
+    fix_fwd_rows: torch.Tensor
+    fix_bwd_rows: torch.Tensor
+    hist: HaloTables
+    fut: HaloTables
 
     def to(self, device) -> "RankPlan":
-        """A copy with every tensor (tables and exchange specs) on ``device``."""
+        """A copy with every tensor on ``device``."""
         return dataclasses.replace(
             self,
             local_token_indices=self.local_token_indices.to(device),
             local_cu_seqlens=self.local_cu_seqlens.to(device),
             hist_src=self.hist_src.to(device),
             fut_src=self.fut_src.to(device),
-            fut_rows=self.fut_rows.to(device),
-            hist_exchange=self.hist_exchange.to(device),
-            fut_exchange=self.fut_exchange.to(device),
+            fix_fwd_rows=self.fix_fwd_rows.to(device),
+            fix_bwd_rows=self.fix_bwd_rows.to(device),
+            hist=self.hist.to(device),
+            fut=self.fut.to(device),
         )
+
+    def device_tables(self) -> dict[str, torch.Tensor]:
+        """Every tensor the KCP programs read, by name (``KcpContext.load_layout_`` copies them)."""
+        return {
+            "local_token_indices": self.local_token_indices,
+            "local_cu_seqlens": self.local_cu_seqlens,
+            "fix_fwd_rows": self.fix_fwd_rows,
+            "fix_bwd_rows": self.fix_bwd_rows,
+            "hist.send_rows": self.hist.send_rows,
+            "hist.map": self.hist.map,
+            "fut.send_rows": self.fut.send_rows,
+            "fut.map": self.fut.map,
+            "fut.g_rows": self.fut.g_rows,
+        }
 
 
 def _segments_of_rank(cu: list[int], rank_spans) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -340,54 +359,57 @@ def _owners(tok_DH: torch.Tensor, valid_DH: torch.Tensor, owner_rank_T: torch.Te
     return torch.where(valid_DH[..., None], src_DH2, torch.full_like(src_DH2, -1))
 
 
-def _build_exchange_specs(src_by_rank: list[torch.Tensor], value_index_by_rank: list[torch.Tensor], num_values: list[int]):
-    """Exchange specs of every rank from every receiver's source table.
+def _boundary_rows(local_cu: torch.Tensor, hist_src: torch.Tensor, fut_src: torch.Tensor):
+    """(fix_fwd_rows, fix_bwd_rows), sorted int64 (see RankPlan)."""
+    cu = local_cu.to(torch.int64)
+    start_D, length_D = cu[:-1], cu[1:] - cu[:-1]
+    j_H = torch.arange(HALO_ROWS, dtype=torch.int64)
+    inside_DH = j_H[None, :] < length_D[:, None]
+    has_hist_D = (hist_src[:, :, 0] >= 0).any(1)
+    has_fut_D = (fut_src[:, :, 0] >= 0).any(1)
+    fwd = (start_D[:, None] + j_H[None, :])[inside_DH & has_hist_D[:, None]]
+    bwd = (start_D[:, None] + length_D[:, None] - 1 - j_H.flip(0)[None, :])[inside_DH.flip(1) & has_fut_D[:, None]]
+    return torch.sort(fwd).values, torch.sort(bwd).values
 
-    Args:
-        src_by_rank: per receiver r, int64 [n_slots_r, 2] (owner_rank, owner_row) or (-1, -1).
-        value_index_by_rank: per owner q, int64 map from owner local row to its row in q's values
-            array (identity for the history exchange, position in fut_rows for the future one).
-        num_values: per rank, rows of its values array.
-    """
+
+def _halo_tables(src_by_rank: list[torch.Tensor], future: bool) -> list[HaloTables]:
+    """Every rank's HaloTables of one direction from every receiver's [D * H, 2] source table."""
     num_ranks = len(src_by_rank)
-    # send[q][r]: rows of q's values array for r; recv[r][q]: r's slots they fill (same order).
-    send = [dict() for _ in range(num_ranks)]
-    recv = [dict() for _ in range(num_ranks)]
-    self_src = [torch.empty(0, dtype=torch.int64) for _ in range(num_ranks)]
-    self_dst = [torch.empty(0, dtype=torch.int64) for _ in range(num_ranks)]
-    for r, src_K2 in enumerate(src_by_rank):
-        # Valid slots grouped by owner, ascending slot order within each owner (stable sort).
-        valid_slots = torch.nonzero(src_K2[:, 0] >= 0).flatten()
-        owner_valid = src_K2[valid_slots, 0]
-        order = torch.sort(owner_valid, stable=True).indices
-        grouped_slots = valid_slots[order]
-        counts = torch.bincount(owner_valid, minlength=num_ranks).tolist()
-        for q, slots_K in zip(range(num_ranks), torch.split(grouped_slots, counts)):
-            if slots_K.numel() == 0:
-                continue
-            rows_K = value_index_by_rank[q][src_K2[slots_K, 1]]
-            if q == r:
-                self_src[r], self_dst[r] = rows_K, slots_K
-            else:
-                send[q][r] = rows_K
-                recv[r][q] = slots_K
     empty = torch.empty(0, dtype=torch.int64)
-    specs = []
-    for r in range(num_ranks):
-        peers = tuple(sorted(set(send[r]) | set(recv[r])))
-        specs.append(
-            ExchangeSpec(
-                rank=r,
-                num_values=num_values[r],
-                num_slots=src_by_rank[r].shape[0],
-                peers=peers,
-                send_idx={q: send[r].get(q, empty) for q in peers},
-                recv_slot={q: recv[r].get(q, empty) for q in peers},
-                self_src_idx=self_src[r],
-                self_dst_slot=self_dst[r],
-            )
-        )
-    return specs
+    # to_peer[q][r]: owner rows that q sends to r, in r's ascending slot order
+    to_peer = [dict() for _ in range(num_ranks)]
+    recv_slots = []  # per receiver: (slots grouped by owner, recvs)
+    self_slots = []  # per receiver: (slots, owner rows) it fills from itself
+    for r, src_K2 in enumerate(src_by_rank):
+        owner = src_K2[:, 0]
+        remote = torch.nonzero((owner >= 0) & (owner != r)).flatten()
+        grouped = remote[torch.sort(owner[remote], stable=True).indices]
+        counts = torch.bincount(owner[grouped], minlength=num_ranks).tolist()
+        recvs = tuple((q, n) for q, n in enumerate(counts) if n > 0)
+        for (q, _), slots in zip(recvs, torch.split(grouped, [n for _, n in recvs])):
+            to_peer[q][r] = src_K2[slots, 1]
+        recv_slots.append((grouped, recvs))
+        mine = torch.nonzero(owner == r).flatten()
+        self_slots.append((mine, src_K2[mine, 1]))
+    tables = []
+    for r, src_K2 in enumerate(src_by_rank):
+        sends = tuple((q, int(rows.numel())) for q, rows in sorted(to_peer[r].items()))
+        send_rows = torch.cat([rows for _, rows in sorted(to_peer[r].items())]) if sends else empty
+        grouped, recvs = recv_slots[r]
+        slots, rows = self_slots[r]
+        map_K = torch.full((src_K2.shape[0],), -1, dtype=torch.int64)
+        map_K[grouped] = -2 - torch.arange(grouped.numel(), dtype=torch.int64)
+        if future:
+            # local = g of g_rows = [rows sent, peer by peer] + [rows this rank reads itself]
+            self_rows = torch.unique(rows)
+            g_rows = torch.cat([send_rows, self_rows])
+            map_K[slots] = send_rows.numel() + torch.searchsorted(self_rows, rows)
+            send_rows = torch.arange(send_rows.numel(), dtype=torch.int64)
+        else:
+            g_rows = empty
+            map_K[slots] = rows
+        tables.append(HaloTables(send_rows=send_rows, sends=sends, recvs=recvs, map=map_K, g_rows=g_rows))
+    return tables
 
 
 def build_rank_plans(cu_seqlens, fragments) -> list[RankPlan]:
@@ -438,24 +460,11 @@ def build_rank_plans(cu_seqlens, fragments) -> list[RankPlan]:
         hist_src.append(_owners(hist_tok_DH, hist_tok_DH >= doc_start_D[:, None], owner_rank_T, owner_row_T))
         fut_src.append(_owners(fut_tok_DH, fut_tok_DH < doc_stop_D[:, None], owner_rank_T, owner_row_T))
 
-    # fut_rows[q]: rows of q named by any rank's fut_src; position map row -> index in fut_rows.
-    fut_rows, fut_pos = [], []
-    all_fut_K2 = torch.cat([f.reshape(-1, 2) for f in fut_src]) if num_ranks else torch.empty(0, 2, dtype=torch.int64)
-    for q in range(num_ranks):
-        rows_F = torch.unique(all_fut_K2[all_fut_K2[:, 0] == q, 1])  # sorted
-        pos_S = torch.full((local_token_indices[q].numel(),), -1, dtype=torch.int64)
-        pos_S[rows_F] = torch.arange(rows_F.numel(), dtype=torch.int64)
-        fut_rows.append(rows_F)
-        fut_pos.append(pos_S)
-
-    identity = [torch.arange(t.numel(), dtype=torch.int64) for t in local_token_indices]
-    hist_specs = _build_exchange_specs(
-        [h.reshape(-1, 2) for h in hist_src], identity, [t.numel() for t in local_token_indices]
-    )
-    fut_specs = _build_exchange_specs([f.reshape(-1, 2) for f in fut_src], fut_pos, [f.numel() for f in fut_rows])
-
+    hist_tables = _halo_tables([h.reshape(-1, 2) for h in hist_src], future=False)
+    fut_tables = _halo_tables([f.reshape(-1, 2) for f in fut_src], future=True)
     plans = []
     for r in range(num_ranks):
+        fix_fwd, fix_bwd = _boundary_rows(local_cu[r], hist_src[r], fut_src[r])
         plans.append(
             RankPlan(
                 rank=r,
@@ -466,9 +475,10 @@ def build_rank_plans(cu_seqlens, fragments) -> list[RankPlan]:
                 local_cu_seqlens=local_cu[r],
                 hist_src=hist_src[r],
                 fut_src=fut_src[r],
-                fut_rows=fut_rows[r],
-                hist_exchange=hist_specs[r],
-                fut_exchange=fut_specs[r],
+                fix_fwd_rows=fix_fwd,
+                fix_bwd_rows=fix_bwd,
+                hist=hist_tables[r],
+                fut=fut_tables[r],
             )
         )
     return plans

@@ -285,7 +285,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     return acc0, acc1, acc2, acc3, accb
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len"])
 def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
                          S, C8, n_seg, seq_len,
                          SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
@@ -344,7 +344,7 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     tl.store(base + 4 * C, pairwise_sum_rows(accb, R, BC, LOGR), mask=cmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_nodes", "C5"])
 def cake_conv_bwd_group_kernel(ws_ptr, gs_ptr, n_nodes, C5,
                                M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr):
     """gs[g, j] = pairwise tree sum of ws[g * M + i, j], i = 0..M-1 (missing nodes read as 0).
@@ -370,7 +370,7 @@ def _group_block_sum(gs_ptr, blk0, n_groups, k, C, cols, cm, GB: tl.constexpr, L
     return pairwise_sum_rows(v, GB, BLK, LOGGB)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_groups", "C"])
 def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
                                   HAS_BIAS: tl.constexpr, BLK: tl.constexpr,
                                   GB: tl.constexpr, LOGGB: tl.constexpr):
@@ -404,9 +404,10 @@ def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
         tl.store(db_ptr + cols, accb.to(db_ptr.dtype.element_ty), mask=cm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "S", "C8", "n_seg"])
 def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows_ptr, g_ptr,
-                              n_rows, S, C8, sx8, sdy8, n_seg,
+                              n_rows, S, C8, n_seg,
+                              SX8: tl.constexpr, SDY8: tl.constexpr, SG: tl.constexpr,
                               HAS_BIAS: tl.constexpr, RB: tl.constexpr, BC: tl.constexpr):
     """g[i, c] = dy[t] * silu'(pre[t]) in FP32 for the listed local rows t = rows[i] (KCP).
 
@@ -417,20 +418,21 @@ def cake_conv_bwd_head_kernel(x_ptr, dy_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, row
     """
     C, cols, cmask, b, w0, w1, w2, w3, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8,
                                                                     HAS_BIAS, RB, BC)
-    sx = sx8.to(tl.int64) * 8
-    sdy = sdy8.to(tl.int64) * 8
+    sx: tl.constexpr = SX8 * 8
+    sdy: tl.constexpr = SDY8 * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, True)
     seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, S, True)
     g, d, start, end, _, _, _ = bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
                                            C, n_seg, S, seg, True, True, True, False)
-    offs = i.to(tl.int64)[:, None] * C + cols[None, :]
+    offs = i.to(tl.int64)[:, None] * SG + cols[None, :]
     tl.store(g_ptr + offs, g, mask=imask[:, None] & cmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "S", "C8", "n_seg"])
 def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, rows_ptr,
-                                 n_rows, S, C8, sx8, sdy8, sdx8, n_seg,
+                                 n_rows, S, C8, n_seg,
+                                 SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
                                  HAS_BIAS: tl.constexpr, RB: tl.constexpr, BC: tl.constexpr):
     """dx of the listed local rows t = rows[i] with the look-ahead halo ``fut`` (KCP).
 
@@ -440,9 +442,9 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     """
     C, cols, cmask, b, w0, w1, w2, w3, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8,
                                                                     HAS_BIAS, RB, BC)
-    sx = sx8.to(tl.int64) * 8
-    sdy = sdy8.to(tl.int64) * 8
-    sdx = sdx8.to(tl.int64) * 8
+    sx: tl.constexpr = SX8 * 8
+    sdy: tl.constexpr = SDY8 * 8
+    sdx: tl.constexpr = SDX8 * 8
     xm3, xm2, xm1, x0 = load_window(x_ptr, t, sx, cols, cmask, S)
     x1 = load_rows(x_ptr, t + 1, sx, cols, cmask, S, True)
     x2 = load_rows(x_ptr, t + 2, sx, cols, cmask, S, True)

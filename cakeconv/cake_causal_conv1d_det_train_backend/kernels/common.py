@@ -11,14 +11,14 @@ segment d(t): by comparing t with the boundaries it loaded once when the program
 FEW_SEGMENTS segments (nearly always), else by a binary search restricted to those segments.
 """
 
-import os
-
 import triton
 import triton.language as tl
 
-# The CPU interpreter (TRITON_INTERPRET=1, read at import like Triton itself) has no PTX: there
-# the sigmoid takes the exact formula. On the GPU it takes the hardware approximations.
-INTERPRET: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"))
+from ..constants import INTERPRET as _INTERPRET
+
+# The CPU interpreter has no PTX: there the sigmoid takes the exact formula. On the GPU it takes
+# the hardware approximations.
+INTERPRET: tl.constexpr = tl.constexpr(_INTERPRET)
 NEG_LOG2E: tl.constexpr = tl.constexpr(-1.4426950408889634)
 
 
@@ -63,10 +63,15 @@ def window_has_boundary(cu_ptr, n_seg, lo, hi, seq_len, HAS_CU: tl.constexpr):
 
 @triton.jit
 def search_iters(span):
-    """ceil(log2(span + 1)): binary-search rounds that shrink span + 1 candidates to one."""
-    n = 0 * span
-    while span > 0:
-        span = span >> 1
+    """ceil(log2(span + 1)): binary-search rounds that shrink span + 1 candidates to one.
+
+    ``span`` may be a compile-time constant (e.g. built from a literal): the loop variables are
+    made tensors first, so the loop compiles either way.
+    """
+    s = span + tl.zeros((), tl.int32)
+    n = tl.zeros((), tl.int32)
+    while s > 0:
+        s = s >> 1
         n += 1
     return n
 

@@ -102,7 +102,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         xm1 = xd
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len"])
 def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                          S, C8, n_seg, seq_len,
                          SX8: tl.constexpr, SY8: tl.constexpr,
@@ -150,9 +150,10 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                  no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, False, False, SUB, STAGES)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "S", "C8", "n_seg"])
 def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows_ptr,
-                              n_rows, S, C8, sx8, sy8, n_seg,
+                              n_rows, S, C8, n_seg,
+                              SX8: tl.constexpr, SY8: tl.constexpr,
                               HAS_BIAS: tl.constexpr, RB: tl.constexpr, BC: tl.constexpr):
     """y of the listed local rows t = rows[i], reading the history halo ``hist`` (KCP).
 
@@ -163,8 +164,8 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     """
     C, cols, cmask, b, w0, w1, w2, w3, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8,
                                                                     HAS_BIAS, RB, BC)
-    sx = sx8.to(tl.int64) * 8
-    sy = sy8.to(tl.int64) * 8
+    sx: tl.constexpr = SX8 * 8
+    sy: tl.constexpr = SY8 * 8
     a3, a2, a1, a0 = load_window(x_ptr, t, sx, cols, cmask, S)
     _fwd_row(row_ptrs(y_ptr, t, sy, cols), t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, S, C,
              n_seg, S, segment_window(cu_ptr, n_seg, 0, n_seg - 1, S, True), True, True, True, False)

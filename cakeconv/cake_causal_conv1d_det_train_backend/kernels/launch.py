@@ -1,13 +1,37 @@
-"""Host-side launchers of the Triton kernels (no validation here: ops.py validates first).
+"""Host launchers of the Triton kernels (no validation here: the entry points validate first).
 
-Shape legend: S packed tokens, C channels, N segments, L leaves of BWD_SUB rows, G groups.
+Shape legend: S packed tokens, C channels, N segments, L leaves of BWD_SUB rows, G groups,
+n listed rows (KCP boundary rows), K halo rows.
+
+Each launcher computes its grid and arguments and calls ``Kernel.launch``, which launches the
+compiled kernel directly instead of through ``kernel[grid](...)``. The latter binds every argument,
+derives Triton's specialization of each (dtype and 16-byte alignment of pointers, integers equal
+to 1 or divisible by 16) and looks up its cache on every call: about 17 us of host time on the H200
+machine for a 19-argument kernel, more than the rest of a small call. Here the caller keys the
+compiled kernel by what determines that specialization:
+
+- integer arguments: every kernel marks them ``do_not_specialize``, so one compiled kernel serves
+  all their values (no constexpr variant for 1, none for multiples of 16: the compile failures of
+  a one-segment rank cannot recur) and the key holds none of them. Values stay below 2**31 (the
+  entry points check S), so Triton types them i32 every time;
+- pointers: the key holds the dtype of every pointer argument and requires them all to be
+  16-byte aligned; a call with an unaligned pointer takes Triton's own path (correct, slower);
+- constexprs and launch options: in the key as values.
+
+``tests/test_specialization.py`` records the launches of every launcher and checks on the CPU,
+with Triton's own specialization code for sm_90, that equal keys mean equal specializations and
+that every recorded launch compiles. ``record_launches()`` is that recorder.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+from dataclasses import dataclass
 
+import torch
+from triton import knobs
 
+from ..constants import INTERPRET
 from . import tuning
 from .backward import (
     BWD_SUB,
@@ -15,61 +39,172 @@ from .backward import (
     LOG2_GROUP_BLOCK,
     LOG2_TREE_LEAVES,
     TREE_LEAVES,
-    cake_conv_bwd_finalize_kernel,
     cake_conv_bwd_dx_rows_kernel,
+    cake_conv_bwd_finalize_kernel,
     cake_conv_bwd_group_kernel,
     cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
 )
 from .forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
+from .halo import cake_halo_gather_kernel
+
+try:  # the CUDA build of torch; Triton's own driver reads the stream the same way
+    from torch._C import _cuda_getCurrentRawStream, _cuda_getDevice
+except ImportError:  # CPU build (the interpreter and the recorder need neither)
+    _cuda_getCurrentRawStream = _cuda_getDevice = None
 
 _GROUP_BLK = 64
 _FINAL_BLK = 32
 # Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
 # code path (masked / unmasked, varlen / uniform) and not in another, which changes bits.
-_NO_FUSION = dict(enable_fp_fusion=False)
+_NO_FUSION = {"enable_fp_fusion": False}
 
 
 def interpreting() -> bool:
     """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return INTERPRET
 
+
+# ------------------------------------------------------------------------------- launching
+
+@dataclass
+class Launch:
+    """One recorded launch: the kernel, its key, grid, every argument in order, launch options."""
+
+    kernel: "Kernel"
+    key: tuple | None
+    grid: tuple
+    args: tuple
+    options: dict
+
+
+_recording: list | None = None
+_recording_launches: bool = False
+
+
+@contextlib.contextmanager
+def record_launches(launch: bool = False):
+    """Record every ``Kernel.launch`` in a list (yielded); with ``launch`` False nothing runs."""
+    global _recording, _recording_launches
+    previous = (_recording, _recording_launches)
+    _recording, _recording_launches = [], launch
+    try:
+        yield _recording
+    finally:
+        _recording, _recording_launches = previous
+
+
+def _hooks_set() -> bool:
+    """A launch hook is installed (a profiler): then launches go through Triton's own path."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and (not isinstance(hook, knobs.HookChain) or bool(hook.calls))
+
+
+class Kernel:
+    """A ``@triton.jit`` kernel and its compiled variants, launched without per-call binding.
+
+    ``launch(key, grid, args, options)``: ``args`` are ALL the kernel's parameters in order
+    (constexprs included, as ``kernel[grid](*args)`` takes them); ``key`` is None or a tuple that
+    determines Triton's specialization of ``args`` (module docstring); ``grid`` a 3-tuple.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__name__
+        self._compiled: dict = {}
+
+    def launch(self, key, grid, args, options):
+        if _recording is not None:
+            _recording.append(Launch(self, key, grid, args, options))
+            if not _recording_launches:
+                return
+        if INTERPRET:
+            self.fn[grid](*args, **options)
+            return
+        device = _cuda_getDevice()
+        compiled = self._compiled.get((device, key)) if key is not None else None
+        if compiled is None or _hooks_set():
+            compiled = self.fn[grid](*args, **options)
+            if key is not None:
+                self._compiled[(device, key)] = compiled
+            return
+        compiled.run(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *args)
+
+
+FWD = Kernel(cake_conv_fwd_kernel)
+FWD_ROWS = Kernel(cake_conv_fwd_rows_kernel)
+BWD = Kernel(cake_conv_bwd_kernel)
+BWD_GROUP = Kernel(cake_conv_bwd_group_kernel)
+BWD_FINALIZE = Kernel(cake_conv_bwd_finalize_kernel)
+BWD_HEAD = Kernel(cake_conv_bwd_head_kernel)
+BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
+HALO_GATHER = Kernel(cake_halo_gather_kernel)
+KERNELS = (FWD, FWD_ROWS, BWD, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER)
+
+
+def _key(pointers, constants):
+    """The launch key: the pointers' dtypes and the constants, or None if a pointer is unaligned."""
+    bits = 0
+    for p in pointers:
+        bits |= p.data_ptr()
+    if bits & 15:
+        return None
+    return tuple(p.dtype for p in pointers) + constants
+
+
+_OPTIONS: dict = {}
+
+
+def _options(cfg) -> dict:
+    """Launch options of a configuration (cached: a config is a frozen dataclass)."""
+    opts = _OPTIONS.get(cfg)
+    if opts is None:
+        opts = {"num_warps": cfg.num_warps, **tuning.launch_options(cfg), **_NO_FUSION}
+        _OPTIONS[cfg] = opts
+    return opts
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ------------------------------------------------------------------------- the convolution
 
 def backward_workspace_floats(S: int, C: int) -> int:
     """FP32 elements of the backward workspace: level-0 leaf partials plus group sums.
 
     Sized for the smallest R a configuration may use (R = 1), so it never depends on tuning.
     """
-    n_leaves = tuning.cdiv(S, BWD_SUB)
-    n_groups = tuning.cdiv(n_leaves, TREE_LEAVES)
+    n_leaves = cdiv(S, BWD_SUB)
+    n_groups = cdiv(n_leaves, TREE_LEAVES)
     return 5 * C * (n_leaves + n_groups)
 
 
 def _segments(cu_seqlens, seq_len, S):
     """(cu or None, n_seg, seq_len) kernel arguments."""
     if cu_seqlens is not None:
-        return cu_seqlens, cu_seqlens.numel() - 1, max(S, 1)
+        return cu_seqlens, cu_seqlens.shape[0] - 1, max(S, 1)
     T = seq_len if seq_len else max(S, 1)
-    return None, tuning.cdiv(S, T), T
+    return None, cdiv(S, T), T
 
 
 def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, config=None):
-    """Launch the forward kernel: y_SC <- silu(conv(x_SC)). x_SC, y_SC: unit channel stride."""
+    """Launch the forward kernel: y_SC <- silu(conv(x_SC)). x_SC, y_SC: unit channel stride and
+    row strides that are multiples of 8; w_CW contiguous; hist_NHC: KCP history rows or None."""
     S, C = x_SC.shape
     if S == 0:
         return y_SC
     cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
-    cfg = config or tuning.pick_fwd_config(C, x_SC.element_size(), interpreting())
-    grid = (tuning.cdiv(S, cfg.R * cfg.SUB) * tuning.cdiv(C, cfg.BC),)
-    dummy = w_CW
-    cake_conv_fwd_kernel[grid](
-        x_SC, y_SC, w_CW, b_C if b_C is not None else dummy,
-        cu if cu is not None else dummy, hist_NHC if hist_NHC is not None else dummy,
-        S, C // 8, n_seg, T, SX8=x_SC.stride(0) // 8, SY8=y_SC.stride(0) // 8,
-        HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
-        R=cfg.R, SUB=cfg.SUB, BC=cfg.BC, STAGES=cfg.stages, num_warps=cfg.num_warps,
-        **tuning.launch_options(cfg), **_NO_FUSION,
-    )
+    cfg = config or tuning.pick_fwd_config(C, x_SC.element_size(), INTERPRET)
+    b = b_C if b_C is not None else w_CW
+    cu_t = cu if cu is not None else w_CW
+    hist = hist_NHC if hist_NHC is not None else w_CW
+    consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, cu is not None, hist_NHC is not None,
+              cfg.R, cfg.SUB, cfg.BC, cfg.stages)
+    FWD.launch(_key((x_SC, y_SC, w_CW, b, cu_t, hist), consts + (cfg,)),
+               (cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1),
+               (x_SC, y_SC, w_CW, b, cu_t, hist, S, C // 8, n_seg, T) + consts, _options(cfg))
     return y_SC
 
 
@@ -82,88 +217,111 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     rewrites the affected rows).
     """
     S, C = x_SC.shape
-    cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), interpreting(), has_bias=b_C is not None)
+    cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), INTERPRET, has_bias=b_C is not None)
     assert fut_NHC is None or hist_NHC is not None
     cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
     R = cfg.R
     logr = R.bit_length() - 1
     assert 1 << logr == R and R <= TREE_LEAVES
-    n_nodes = tuning.cdiv(S, R * BWD_SUB)
-    n_leaves = tuning.cdiv(S, BWD_SUB)
-    n_groups = tuning.cdiv(n_leaves, TREE_LEAVES)
-    ws_nodes = ws_F[: n_nodes * 5 * C]
-    gs = ws_F[n_leaves * 5 * C: (n_leaves + n_groups) * 5 * C]
-    dummy = w_CW
-    cake_conv_bwd_kernel[(n_nodes * tuning.cdiv(C, cfg.BC),)](
-        x_SC, dy_SC, dx_SC, w_CW, b_C if b_C is not None else dummy,
-        cu if cu is not None else dummy,
-        hist_NHC if hist_NHC is not None else dummy, fut_NHC if fut_NHC is not None else dummy,
-        ws_nodes, S, C // 8, n_seg, T,
-        SX8=x_SC.stride(0) // 8, SDY8=dy_SC.stride(0) // 8, SDX8=dx_SC.stride(0) // 8,
-        HAS_BIAS=b_C is not None, HAS_CU=cu is not None, HAS_HIST=hist_NHC is not None,
-        HAS_FUT=fut_NHC is not None, R=R, LOGR=logr, SUB=BWD_SUB, BC=cfg.BC, STAGES=cfg.stages,
-        STEP_BRANCH=cfg.step_branch,
-        num_warps=cfg.num_warps, **tuning.launch_options(cfg), **_NO_FUSION,
-    )
-    M = TREE_LEAVES // R
-    blk = 16 if interpreting() else _GROUP_BLK
-    cake_conv_bwd_group_kernel[(n_groups, tuning.cdiv(5 * C, blk))](
-        ws_nodes, gs, n_nodes, 5 * C, M=M, LOGM=LOG2_TREE_LEAVES - logr, BLK=blk,
-        num_warps=1 if interpreting() else 4, **_NO_FUSION,
-    )
-    fblk = 16 if interpreting() else _FINAL_BLK
-    cake_conv_bwd_finalize_kernel[(tuning.cdiv(C, fblk),)](
-        gs, dw_CW, db_C if db_C is not None else dw_CW, n_groups, C,
-        HAS_BIAS=db_C is not None, BLK=fblk, GB=GROUP_BLOCK, LOGGB=LOG2_GROUP_BLOCK,
-        num_warps=1 if interpreting() else 4, **_NO_FUSION,
-    )
+    n_nodes = cdiv(S, R * BWD_SUB)
+    n_leaves = cdiv(S, BWD_SUB)
+    n_groups = cdiv(n_leaves, TREE_LEAVES)
+    C5 = 5 * C
+    b = b_C if b_C is not None else w_CW
+    cu_t = cu if cu is not None else w_CW
+    hist = hist_NHC if hist_NHC is not None else w_CW
+    fut = fut_NHC if fut_NHC is not None else w_CW
+    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, cu is not None,
+              hist_NHC is not None, fut_NHC is not None, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
+    # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
+    BWD.launch(_key((x_SC, dy_SC, dx_SC, w_CW, b, cu_t, hist, fut, ws_F), consts + (cfg,)),
+               (n_nodes * cdiv(C, cfg.BC), 1, 1),
+               (x_SC, dy_SC, dx_SC, w_CW, b, cu_t, hist, fut, ws_F, S, C // 8, n_seg, T) + consts, _options(cfg))
+    gs_F = ws_F[n_leaves * C5:]
+    m = TREE_LEAVES // R
+    blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
+    consts = (m, LOG2_TREE_LEAVES - logr, blk)
+    BWD_GROUP.launch(_key((ws_F, gs_F), consts + (warps,)), (n_groups, cdiv(C5, blk), 1),
+                     (ws_F, gs_F, n_nodes, C5) + consts, {"num_warps": warps, **_NO_FUSION})
+    fblk = 16 if INTERPRET else _FINAL_BLK
+    db = db_C if db_C is not None else dw_CW
+    consts = (db_C is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK)
+    BWD_FINALIZE.launch(_key((gs_F, dw_CW, db), consts + (warps,)), (cdiv(C, fblk), 1, 1),
+                        (gs_F, dw_CW, db, n_groups, C) + consts, {"num_warps": warps, **_NO_FUSION})
     return dx_SC, dw_CW, db_C
 
 
-def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
-    """KCP: g_FC[i] <- FP32 g of local row rows_F[i] (segments from cu_seqlens, halo hist_NHC)."""
-    S, C = x_SC.shape
-    n = rows_F.numel()
-    if n == 0:
-        return g_FC
-    rb, bc, nw = (4, 16, 1) if interpreting() else (8, 128, 4)
-    cake_conv_bwd_head_kernel[(tuning.cdiv(n, rb), tuning.cdiv(C, bc))](
-        x_SC, dy_SC, w_CW, b_C if b_C is not None else w_CW, cu_seqlens, hist_NHC, rows_F, g_FC,
-        n, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, cu_seqlens.numel() - 1,
-        HAS_BIAS=b_C is not None, RB=rb, BC=bc, num_warps=nw, **_NO_FUSION,
-    )
-    return g_FC
-
+# --------------------------------------------------------------- KCP boundary rows and halos
 
 def _rows_launch_shape():
-    return (4, 16, 1) if interpreting() else (8, 128, 4)
+    """(rows per program, channels per program, warps) of the row-list kernels."""
+    return (4, 16, 1) if INTERPRET else (8, 128, 4)
+
+
+def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
+    """KCP: g_FC[i] <- FP32 g of local row rows_F[i] (segments from cu_seqlens, halo hist_NHC).
+
+    g_FC may be a column slice of a wider buffer (row stride a multiple of 8, unit channel stride).
+    """
+    S, C = x_SC.shape
+    n = rows_F.shape[0]
+    if n == 0 or S == 0:
+        return g_FC
+    rb, bc, nw = _rows_launch_shape()
+    b = b_C if b_C is not None else w_CW
+    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, g_FC.stride(0), b_C is not None, rb, bc)
+    BWD_HEAD.launch(_key((x_SC, dy_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, g_FC), consts + (nw,)),
+                    (cdiv(n, rb), cdiv(C, bc), 1),
+                    (x_SC, dy_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, g_FC, n, S, C // 8,
+                     cu_seqlens.shape[0] - 1) + consts, {"num_warps": nw, **_NO_FUSION})
+    return g_FC
 
 
 def triton_forward_rows(x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, y_SC):
     """KCP: rewrite y of local rows rows_F (segment starts) with the history halo hist_NHC."""
     S, C = x_SC.shape
-    n = rows_F.numel()
-    if n == 0:
+    n = rows_F.shape[0]
+    if n == 0 or S == 0:
         return y_SC
     rb, bc, nw = _rows_launch_shape()
-    cake_conv_fwd_rows_kernel[(tuning.cdiv(n, rb), tuning.cdiv(C, bc))](
-        x_SC, y_SC, w_CW, b_C if b_C is not None else w_CW, cu_seqlens, hist_NHC, rows_F,
-        n, S, C // 8, x_SC.stride(0) // 8, y_SC.stride(0) // 8, cu_seqlens.numel() - 1,
-        HAS_BIAS=b_C is not None, RB=rb, BC=bc, num_warps=nw, **_NO_FUSION,
-    )
+    b = b_C if b_C is not None else w_CW
+    consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, rb, bc)
+    FWD_ROWS.launch(_key((x_SC, y_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F), consts + (nw,)),
+                    (cdiv(n, rb), cdiv(C, bc), 1),
+                    (x_SC, y_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, n, S, C // 8,
+                     cu_seqlens.shape[0] - 1) + consts, {"num_warps": nw, **_NO_FUSION})
     return y_SC
 
 
 def triton_dx_rows(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, fut_NHC, rows_F, dx_SC):
     """KCP: rewrite dx of local rows rows_F (segment ends) with the look-ahead halo fut_NHC."""
     S, C = x_SC.shape
-    n = rows_F.numel()
-    if n == 0:
+    n = rows_F.shape[0]
+    if n == 0 or S == 0:
         return dx_SC
     rb, bc, nw = _rows_launch_shape()
-    cake_conv_bwd_dx_rows_kernel[(tuning.cdiv(n, rb), tuning.cdiv(C, bc))](
-        x_SC, dy_SC, dx_SC, w_CW, b_C if b_C is not None else w_CW, cu_seqlens, hist_NHC, fut_NHC, rows_F,
-        n, S, C // 8, x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, cu_seqlens.numel() - 1,
-        HAS_BIAS=b_C is not None, RB=rb, BC=bc, num_warps=nw, **_NO_FUSION,
-    )
+    b = b_C if b_C is not None else w_CW
+    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, rb, bc)
+    BWD_DX_ROWS.launch(_key((x_SC, dy_SC, dx_SC, w_CW, b, cu_seqlens, hist_NHC, fut_NHC, rows_F), consts + (nw,)),
+                       (cdiv(n, rb), cdiv(C, bc), 1),
+                       (x_SC, dy_SC, dx_SC, w_CW, b, cu_seqlens, hist_NHC, fut_NHC, rows_F, n, S, C // 8,
+                        cu_seqlens.shape[0] - 1) + consts, {"num_warps": nw, **_NO_FUSION})
     return dx_SC
+
+
+def triton_halo_gather(out_KC, map_K, local_LC, recv_RC=None):
+    """out_KC[i] <- local_LC[map[i]] (map >= 0), recv_RC[-2 - map[i]] (map <= -2), or 0 (map == -1).
+
+    Any row strides, unit channel strides; out_KC may be a column slice of a wider buffer, and so
+    may local_LC and recv_RC (kernels/halo.py).
+    """
+    K, C = out_KC.shape
+    if K == 0 or C == 0:
+        return out_KC
+    rb, bc, nw = (4, 16, 1) if INTERPRET else (4, 256, 4)
+    recv = recv_RC if recv_RC is not None else local_LC
+    consts = (recv_RC is not None, rb, bc)
+    HALO_GATHER.launch(_key((out_KC, map_K, local_LC, recv), consts + (nw,)), (cdiv(K, rb), cdiv(C, bc), 1),
+                       (out_KC, map_K, local_LC, recv, K, C, out_KC.stride(0), local_LC.stride(0),
+                        recv.stride(0)) + consts, {"num_warps": nw})
+    return out_KC

@@ -1,0 +1,452 @@
+"""The single-rank op: one ladder from the kernels' launchers up to the public function.
+
+Shape legend: S packed tokens, C channels, W = 4 taps, N documents, B batch rows, T row length.
+
+The math, per document ``[cu[d], cu[d+1])`` with the rows before ``cu[d]`` read as zero, in FP32
+and rounded once to the output's dtype:
+
+    pre[t]   = b + sum_k w[:, k] * x[t - 3 + k]          y[t]  = pre[t] * sigmoid(pre[t])
+    g[t]     = dy[t] * silu'(pre[t])                     dx[t] = sum_k w[:, k] * g[t + 3 - k]
+    dw[:, k] = sum_t g[t] * x[t - 3 + k]                 db    = sum_t g[t]   (one fixed order)
+
+The ladder, bottom to top; each rung calls the one below:
+
+1. ``_forward`` / ``_backward``: a validated ``Problem`` computed into given buffers by the Triton
+   launchers (kernels/launch.py) or the reference backend (reference.py).
+2. ``forward_into_op`` / ``backward_into_op``: validation plus rung 1 as torch custom ops that
+   write into given buffers (``torch.ops.cakeconv.cake_causal_conv1d_det_forward_into`` and
+   ``..._backward_into``). ``torch.compile`` sees each as one opaque op (no graph break, the bits of
+   eager), and the validation runs when the compiled graph runs.
+3. The entry points ``cake_causal_conv1d_det_train_forward`` / ``_backward``: validate once,
+   allocate what the caller did not give, run rung 1; while compiling they call rung 2 instead.
+4. ``CakeCausalConv1dDetFunction``: the one autograd Function, on rung 3's pieces. Eager, its
+   backward reuses the forward's validation and checks only dy.
+5. ``cake_causal_conv1d_det``: the public function (no autograd node when nothing needs a gradient).
+
+Eager calls pay for no dispatcher round trip: the custom ops exist for the compiler only, and run
+the same code (rungs 1 and the same checks), so eager and compiled results are bitwise equal.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import checks
+from .constants import TAPS
+from .kernels.launch import backward_workspace_floats, triton_backward, triton_forward
+from .reference import reference_backward, reference_forward
+
+__all__ = [
+    "CakeCausalConv1dDetFunction",
+    "cake_causal_conv1d_det",
+    "cake_causal_conv1d_det_train_forward",
+    "cake_causal_conv1d_det_train_backward",
+    "cake_causal_conv1d_det_train_forward_workspace_bytes",
+    "cake_causal_conv1d_det_train_backward_workspace_bytes",
+    "is_cake_causal_conv1d_det_train_supported",
+]
+
+
+# ---------------------------------------------------------------- 1. validated problem -> buffers
+
+def rows_view(t: Tensor, S: int, C: int) -> Tensor:
+    """t as [S, C] rows with unit channel stride and a row stride that is a multiple of 8.
+
+    A tensor that cannot be viewed so is copied: the one copy this library makes on its own, e.g.
+    for a dy that arrives expanded or transposed.
+    """
+    if t.dim() == 2:
+        r = t
+    else:
+        r = t.reshape(S, C)
+    if r.stride(1) != 1 or r.stride(0) % 8 != 0:
+        r = r.contiguous()
+    return r
+
+
+def _rows_out(t: Tensor, S: int, C: int) -> Tensor:
+    """An output buffer as [S, C] rows (itself or a view), or a fresh [S, C] tensor copied back
+    by the caller when it is not contiguous."""
+    if not t.is_contiguous():
+        return torch.empty((S, C), dtype=t.dtype, device=t.device)
+    return t if t.dim() == 2 else t.view(S, C)
+
+
+def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    """Taps and bias as the kernels index them (``w[c * 4 + k]``, ``b[c]``)."""
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+class _on_device:
+    """Make x's GPU the current device for a launch (Triton launches on the current device)."""
+
+    __slots__ = ("index", "previous")
+
+    def __init__(self, t: Tensor):
+        self.index = t.get_device()
+
+    def __enter__(self):
+        self.previous = torch.cuda.current_device()
+        if self.previous != self.index:
+            torch.cuda.set_device(self.index)
+
+    def __exit__(self, *exc):
+        if self.previous != self.index:
+            torch.cuda.set_device(self.previous)
+
+
+def _forward(p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], y: Tensor) -> None:
+    """y <- silu(conv(x)) for a validated problem; y has x's shape and dtype."""
+    if p.S == 0:
+        return
+    x_SC = rows_view(x, p.S, p.C)
+    y_SC = _rows_out(y, p.S, p.C)
+    w_CW, b_C = _contiguous(weight), _contiguous(bias)
+    if p.backend == "triton":
+        if x_SC.is_cuda:
+            with _on_device(x_SC):
+                triton_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, y_SC)
+        else:
+            triton_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, y_SC)
+    else:
+        reference_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, out_SC=y_SC)
+    if not y.is_contiguous():
+        y.copy_(y_SC.view(y.shape))
+
+
+def _backward(p: checks.Problem, dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], dx: Tensor,
+              ws_F: Optional[Tensor], dw_CW: Tensor, db_C: Optional[Tensor]) -> None:
+    """dx, dw_CW and db_C (if not None) for a validated problem and a checked dy.
+
+    ws_F: FP32 workspace of ``backward_workspace_floats(S, C)`` elements (Triton; None: allocated).
+    """
+    S, C = p.S, p.C
+    if S == 0:
+        dw_CW.zero_()
+        if db_C is not None:
+            db_C.zero_()
+        return
+    x_SC = rows_view(x, S, C)
+    dy_SC = rows_view(dy, S, C)
+    dx_SC = _rows_out(dx, S, C)
+    w_CW, b_C = _contiguous(weight), _contiguous(bias)
+    if p.backend == "triton":
+        if ws_F is None:
+            ws_F = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=x.device)
+        if x_SC.is_cuda:
+            with _on_device(x_SC):
+                triton_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, dx_SC, ws_F, dw_CW, db_C)
+        else:
+            triton_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, dx_SC, ws_F, dw_CW, db_C)
+    else:
+        dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len)
+        dx_SC.copy_(dx32)
+        dw_CW.copy_(dw32)
+        if db_C is not None:
+            db_C.copy_(db32)
+    if not dx.is_contiguous():
+        dx.copy_(dx_SC.view(dx.shape))
+
+
+# ------------------------------------------------------- 2. custom ops (for torch.compile)
+
+@torch.library.custom_op("cakeconv::cake_causal_conv1d_det_forward_into", mutates_args=("y",))
+def forward_into_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                    backend: str, y: Tensor) -> None:
+    """y <- silu(causal_conv1d(x)) per document, validated first (see ``cake_causal_conv1d_det``)."""
+    p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
+    checks.check_like("out", y, x.shape, x.dtype, x.device)
+    _forward(p, x, weight, bias, y)
+
+
+@forward_into_op.register_fake
+def _forward_into_fake(x, weight, bias, cu_seqlens, backend, y):
+    return None
+
+
+@torch.library.custom_op("cakeconv::cake_causal_conv1d_det_backward_into",
+                         mutates_args=("dx", "workspace", "dweight", "dbias"))
+def backward_into_op(dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                     backend: str, dx: Tensor, workspace: Tensor, dweight: Tensor, dbias: Tensor) -> None:
+    """dx, dweight [C, 4] and dbias [C] (a [0] placeholder without bias) into the given buffers.
+
+    workspace: FP32, at least ``backward_workspace_floats(S, C)`` elements.
+    """
+    p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
+    checks.check_dy(dy, x)
+    _backward(p, dy, x, weight, bias, dx, workspace, dweight, dbias if bias is not None else None)
+
+
+@backward_into_op.register_fake
+def _backward_into_fake(dy, x, weight, bias, cu_seqlens, backend, dx, workspace, dweight, dbias):
+    return None
+
+
+# ------------------------------------------------------------------------- 3. entry points
+
+def is_cake_causal_conv1d_det_train_supported(device_or_tensor) -> bool:
+    """True on the CPU (reference backend) and on NVIDIA GPUs of compute capability >= 8.0.
+
+    Tuned and measured on the H200 (sm_90); other GPUs of capability 8.0 or newer run the same
+    Triton kernels untuned.
+
+    Raises:
+        TypeError: the argument is neither a tensor nor a device (or device string).
+    """
+    if isinstance(device_or_tensor, torch.Tensor):
+        device = device_or_tensor.device
+    elif isinstance(device_or_tensor, (torch.device, str, int)):
+        device = torch.device(device_or_tensor)
+    else:
+        raise TypeError(f"expected a torch.Tensor, torch.device or device string, got {type(device_or_tensor).__name__}")
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda" and torch.cuda.is_available():
+        major, _ = torch.cuda.get_device_capability(device)
+        return major >= 8
+    return False
+
+
+def cake_causal_conv1d_det_train_forward_workspace_bytes(S: int, C: int, **_ignored) -> int:
+    """Bytes of workspace the forward needs: 0 (it writes only y). Kept for a uniform API."""
+    if S < 0 or C < 0:
+        raise ValueError(f"S and C must be >= 0, got S = {S}, C = {C}")
+    return 0
+
+
+def cake_causal_conv1d_det_train_backward_workspace_bytes(S: int, C: int, **_ignored) -> int:
+    """Bytes of the backward workspace for S tokens and C channels.
+
+    It holds the FP32 dweight/dbias partials (5 * C floats per 64-token leaf, the most any
+    configuration writes, plus one group sum per 8192 tokens) and room for the returned dweight
+    and dbias (FP32-sized), so that a call given a workspace allocates nothing.
+    """
+    if S < 0 or C < 0:
+        raise ValueError(f"S and C must be >= 0, got S = {S}, C = {C}")
+    return 4 * backward_workspace_floats(S, C) + 4 * (TAPS + 1) * C
+
+
+def _check_workspace(workspace, nbytes, device):
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace must be a torch.Tensor, got {type(workspace).__name__}")
+    if workspace.device != device:
+        raise ValueError(f"workspace is on {workspace.device} but x is on {device}")
+    if not workspace.is_contiguous():
+        raise ValueError("workspace must be contiguous")
+    have = workspace.numel() * workspace.element_size()
+    if have < nbytes:
+        raise ValueError(f"workspace has {have} bytes, the backward needs {nbytes} "
+                         f"(cake_causal_conv1d_det_train_backward_workspace_bytes)")
+    if workspace.data_ptr() % 16 != 0:
+        raise ValueError("workspace must be 16-byte aligned")
+
+
+_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def cake_causal_conv1d_det_train_forward(x, weight, bias=None, cu_seqlens=None, *, out=None,
+                                         workspace=None, backend="auto"):
+    """y = silu(causal_conv1d(x)) per document (no autograd). See ``cake_causal_conv1d_det``.
+
+    Args:
+        x: [S, C], [1, S, C] or [B, T, C]; bf16, fp16 or fp32; C a multiple of 8.
+        weight: [C, 4] fp32 or bf16 taps (weight[:, 3] multiplies the current token).
+        bias: optional [C].
+        cu_seqlens: optional int32/int64 [N + 1] document boundaries on x's device.
+        out: optional buffer of x's shape and dtype that receives y (then nothing is allocated).
+        workspace: accepted for symmetry with the backward; the forward needs none.
+        backend: "auto", "triton" or "reference".
+
+    Returns:
+        y of x's shape and dtype (``out`` itself when given).
+    """
+    if workspace is not None and not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
+    if torch.compiler.is_compiling():
+        y = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
+        forward_into_op(x, weight, bias, cu_seqlens, backend, y)
+        return y
+    p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
+    if out is not None:
+        checks.check_like("out", out, x.shape, x.dtype, x.device)
+        y = out
+    else:
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _forward(p, x, weight, bias, y)
+    return y
+
+
+def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=None, *, dx=None,
+                                          workspace=None, dweight_dtype=torch.float32, backend="auto"):
+    """(dx, dweight, dbias) of y = silu(causal_conv1d(x)); dbias is None when bias is None.
+
+    The pre-activation is recomputed from x (nothing from the forward is needed). dweight and
+    dbias are summed in FP32 in one fixed order (bitwise reproducible, independent of tuning) and
+    returned in ``dweight_dtype``. Given ``dx`` (x's shape and dtype) and a ``workspace`` of
+    ``cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)`` bytes, the call allocates
+    nothing on the Triton backend; dweight and dbias are then views into the workspace (clone
+    them before the workspace is reused, e.g. by a later CUDA-graph replay).
+    """
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
+        checks.check_dy(dy, x)
+    if dweight_dtype not in _GRAD_DTYPES:
+        raise TypeError(f"dweight_dtype must be torch.float32, bfloat16 or float16, got {dweight_dtype}")
+    if dx is not None and not compiling:
+        checks.check_like("dx", dx, x.shape, x.dtype, x.device)
+    C = x.shape[-1]
+    S = x.numel() // C if C else 0
+    nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)
+    n_ws = backward_workspace_floats(S, C)
+    if workspace is not None:
+        if not compiling:
+            _check_workspace(workspace, nbytes, x.device)
+        ws_F = workspace.view(-1).view(torch.uint8)[:nbytes].view(torch.float32)
+        size = torch.finfo(dweight_dtype).bits // 8
+        dw_CW = ws_F[n_ws:n_ws + 4 * C].view(torch.uint8)[: 4 * C * size].view(dweight_dtype).view(C, 4)
+        db_C = None
+        if bias is not None:
+            db_C = ws_F[n_ws + 4 * C:n_ws + 5 * C].view(torch.uint8)[: C * size].view(dweight_dtype)
+        ws_F = ws_F[:n_ws]
+    else:
+        ws_F = None
+        dw_CW = torch.empty((C, 4), dtype=dweight_dtype, device=x.device)
+        db_C = torch.empty((C,), dtype=dweight_dtype, device=x.device) if bias is not None else None
+    dx_out = dx if dx is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if compiling:
+        if ws_F is None:
+            ws_F = torch.empty(n_ws, dtype=torch.float32, device=x.device)
+        db = db_C if db_C is not None else dw_CW.new_empty((0,))
+        backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db)
+    else:
+        _backward(p, dy, x, weight, bias, dx_out, ws_F, dw_CW, db_C)
+    return dx_out, dw_CW, db_C
+
+
+# --------------------------------------------------------------------- 4. autograd Function
+
+def _grad_dtype(weight: Tensor, bias: Optional[Tensor]) -> torch.dtype:
+    """dtype the dweight/dbias sums are written in: the weight's, or FP32 when the bias differs
+    (then each is rounded once from FP32 to its own dtype)."""
+    if bias is None or bias.dtype == weight.dtype:
+        return weight.dtype
+    return torch.float32
+
+
+class CakeCausalConv1dDetFunction(torch.autograd.Function):
+    """Packed width-4 depthwise causal conv1d + SiLU with a deterministic backward.
+
+    ========  ===========================  =========================================
+    operand   shape                        dtype
+    ========  ===========================  =========================================
+    x         [S, C] | [1, S, C] | [B,T,C]  bf16 / fp16 / fp32
+    weight    [C, 4]                       fp32 / bf16 (w[:, 3] multiplies token t)
+    bias      [C] or None                  fp32 / bf16 / fp16
+    cu        [N + 1] or None              int32 / int64, on x's device
+    y         x's shape                    x's dtype
+    ========  ===========================  =========================================
+
+    Forward, per document [cu[d], cu[d+1]) with rows before cu[d] read as zero, in FP32:
+        pre[t] = b + sum_k w[:, k] * x[t - 3 + k],   y[t] = pre[t] * sigmoid(pre[t])
+    Backward (pre recomputed from the saved x; nothing else of size S * C is saved):
+        g[t]  = dy[t] * silu'(pre[t])
+        dx[t] = sum_k w[:, k] * g[t + 3 - k]              (g of the same document only)
+        dw    = sum_t g[t] * x[t - 3 + k],  db = sum_t g[t]   (FP32, one fixed order)
+    dweight and dbias are returned in the weight's and the bias's dtype, each rounded once from FP32.
+
+    ``apply(x, weight, bias, cu_seqlens, backend)``. Eager, the forward validates once and the
+    backward reuses that validation (checking only dy); under torch.compile both call the custom
+    ops of rung 2 (module docstring), which validate when the graph runs.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, cu_seqlens, backend):
+        if torch.compiler.is_compiling():
+            y = torch.empty_like(x, memory_format=torch.contiguous_format)
+            forward_into_op(x, weight, bias, cu_seqlens, backend, y)
+            ctx.problem = None
+        else:
+            p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            _forward(p, x, weight, bias, y)
+            ctx.problem = p
+        ctx.save_for_backward(x, weight, bias, cu_seqlens)
+        ctx.backend = backend
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, cu_seqlens = ctx.saved_tensors
+        gdt = _grad_dtype(weight, bias)
+        p = ctx.problem
+        if p is None or torch.compiler.is_compiling():
+            dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, weight, bias, cu_seqlens,
+                                                               dweight_dtype=gdt, backend=ctx.backend)
+        else:
+            checks.check_dy(dy, x)
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            C = p.C
+            if bias is not None:
+                dwb = torch.empty(((TAPS + 1) * C,), dtype=gdt, device=x.device)
+                dw, db = dwb[:TAPS * C].view(C, TAPS), dwb[TAPS * C:]
+            else:
+                dw, db = torch.empty((C, TAPS), dtype=gdt, device=x.device), None
+            _backward(p, dy, x, weight, bias, dx, None, dw, db)
+        if dw.dtype != weight.dtype:
+            dw = dw.to(weight.dtype)
+        if db is not None and db.dtype != bias.dtype:
+            db = db.to(bias.dtype)
+        return dx, dw, db, None, None
+
+
+# ------------------------------------------------------------------------ 5. the public op
+
+def _schema_types_ok(x, weight, bias, cu_seqlens, backend) -> bool:
+    """True when the operands fit the custom ops' schema (tensors, None where optional, a str)."""
+    return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))
+            and (cu_seqlens is None or isinstance(cu_seqlens, torch.Tensor))
+            and isinstance(backend, str))
+
+
+def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, backend="auto"):
+    """Autograd-enabled packed width-4 depthwise causal conv1d + SiLU, bitwise deterministic.
+
+    For token t of document [cu[d], cu[d+1]) (rows before cu[d] read as zero):
+    ``y[t] = silu(bias + sum_{k=0..3} weight[:, k] * x[t - 3 + k])``, computed in FP32 and rounded
+    once to x's dtype; the same as torch's ``conv1d(groups=C)`` with 3 rows of left zero padding
+    per document, then SiLU.
+
+    Args:
+        x: [S, C] or [1, S, C] packed tokens (with ``cu_seqlens``), or [B, T, C] (B documents of
+            T tokens; ``cu_seqlens`` must then be None). bf16, fp16 or fp32; C a multiple of 8.
+        weight: [C, 4] fp32 or bf16 taps.
+        bias: optional [C].
+        cu_seqlens: int32/int64 [N + 1] on x's device, cu[0] = 0 <= ... <= cu[N] = S; empty
+            documents allowed. None: one document per batch row.
+        backend: "auto" (Triton on CUDA, reference on CPU), "triton" or "reference".
+
+    Returns:
+        y with x's shape and dtype. y, dx, dweight and dbias are bitwise identical on every call
+        with the same inputs, device and library version, in eager and under torch.compile (where
+        the op is the custom ops ``torch.ops.cakeconv.cake_causal_conv1d_det_forward_into`` /
+        ``..._backward_into``, opaque to the compiler).
+
+    Raises:
+        TypeError, ValueError: bad operands (the message names the offending value), before any
+            kernel launch; under torch.compile when the compiled graph runs.
+    """
+    if torch.compiler.is_compiling() and not _schema_types_ok(x, weight, bias, cu_seqlens, backend):
+        # Not something the ops' schema takes: raise the validation error that names it.
+        checks.check_problem(x, weight, bias, cu_seqlens, backend)
+        raise TypeError(f"cake_causal_conv1d_det got operands of types {type(x).__name__}, "
+                        f"{type(weight).__name__}, {type(bias).__name__}, {type(cu_seqlens).__name__}, "
+                        f"{type(backend).__name__}")
+    if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)
+                                    or (bias is not None and getattr(bias, "requires_grad", False))):
+        return CakeCausalConv1dDetFunction.apply(x, weight, bias, cu_seqlens, backend)
+    return cake_causal_conv1d_det_train_forward(x, weight, bias, cu_seqlens, backend=backend)
