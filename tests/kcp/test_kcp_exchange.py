@@ -145,6 +145,6 @@ def test_halo_exchange_without_process_group():
 
 def test_exchange_with_peers_needs_a_group():
     ctx = build_kcp_context(torch.tensor([0, 8]))
-    tables = dataclasses.replace(ctx.plan.hist, sends=((1, 2),))
+    tables = dataclasses.replace(ctx.plan.hist, sends=((1, 2),), send_starts=None)
     with pytest.raises(RuntimeError, match="no process group"):
         start_exchange(torch.zeros(2, C), torch.zeros(0, C), tables, None, False)

@@ -57,11 +57,12 @@ def coalescing(group, device: torch.device) -> bool:
         return False
 
 
-def start_exchange(send_KC: torch.Tensor, recv_KC: torch.Tensor, tables, group, coalesce: bool) -> PendingExchange:
+def start_exchange(send_KC, recv_KC: torch.Tensor, tables, group, coalesce: bool) -> PendingExchange:
     """Start the messages of ``tables`` (a plan.HaloTables) between this rank and its peers.
 
     Args:
-        send_KC: [tables.num_send, C] rows to send, peer after peer (contiguous).
+        send_KC: [tables.num_send, C] rows to send, peer after peer (contiguous); or a list with
+            one contiguous [n, C] tensor per message of ``tables.sends``.
         recv_KC: [tables.num_recv, C] buffer that receives, peer after peer (contiguous).
         group: the process group (None: a 1-rank context, which has no peers).
         coalesce: ``coalescing(group, device)``, computed once by the context.
@@ -76,14 +77,13 @@ def start_exchange(send_KC: torch.Tensor, recv_KC: torch.Tensor, tables, group, 
         raise RuntimeError("the KCP plan has peers but the context has no process group")
     if not hasattr(group, "send"):  # not a ProcessGroup object: the public API
         return _batch_isend_irecv(send_KC, recv_KC, sends, recvs, group)
-    device = send_KC.device
+    messages = _messages(send_KC, sends)
+    device = recv_KC.device
     if coalesce:
         group._start_coalescing(device)
     works = []
-    off = 0
-    for peer, n in sends:
-        works.append(group.send([send_KC[off:off + n]], peer, 0))
-        off += n
+    for (peer, _), message in zip(sends, messages):
+        works.append(group.send([message], peer, 0))
     off = 0
     for peer, n in recvs:
         works.append(group.recv([recv_KC[off:off + n]], peer, 0))
@@ -93,12 +93,21 @@ def start_exchange(send_KC: torch.Tensor, recv_KC: torch.Tensor, tables, group, 
     return PendingExchange(works, (send_KC, recv_KC))
 
 
+def _messages(send_KC, sends) -> list:
+    """One tensor per message: the given list, or slices of the packed buffer."""
+    if isinstance(send_KC, (list, tuple)):
+        return list(send_KC)
+    out, off = [], 0
+    for _, n in sends:
+        out.append(send_KC[off:off + n])
+        off += n
+    return out
+
+
 def _batch_isend_irecv(send_KC, recv_KC, sends, recvs, group) -> PendingExchange:
     ops = []
-    off = 0
-    for peer, n in sends:
-        ops.append(dist.P2POp(dist.isend, send_KC[off:off + n], group=group, group_peer=peer))
-        off += n
+    for (peer, _), message in zip(sends, _messages(send_KC, sends)):
+        ops.append(dist.P2POp(dist.isend, message, group=group, group_peer=peer))
     off = 0
     for peer, n in recvs:
         ops.append(dist.P2POp(dist.irecv, recv_KC[off:off + n], group=group, group_peer=peer))

@@ -199,17 +199,22 @@ def _gather(be, out_KC, map_K, local_LC, recv_RC=None):
 
 
 def _start_history(x_rows, ctx, be):
-    """Pack the x rows peers need (all tensors side by side) and start ONE exchange.
+    """Start ONE exchange of the x rows peers need (all tensors side by side).
 
-    Returns (pending exchange, receive buffer [K_recv, C_sum]).
+    One tensor whose messages are runs of consecutive rows sends slices of x itself; otherwise the
+    rows are packed first (one gather per tensor). Returns (pending exchange, receive buffer
+    [K_recv, C_sum]).
     """
     tables = ctx.plan.hist
     widths = [x.shape[1] for x in x_rows]
     x0 = x_rows[0]
-    send = torch.empty((tables.send_rows.shape[0], sum(widths)), dtype=x0.dtype, device=x0.device)
-    for x_SC, off, C in zip(x_rows, _offsets(widths), widths):
-        _gather(be, send if len(x_rows) == 1 else send[:, off:off + C], tables.send_rows, x_SC)
-    recv = torch.empty((tables.num_recv, send.shape[1]), dtype=x0.dtype, device=x0.device)
+    recv = torch.empty((tables.num_recv, sum(widths)), dtype=x0.dtype, device=x0.device)
+    if len(x_rows) == 1 and tables.send_starts is not None and x0.is_contiguous():
+        send = [x0[a:a + n] for a, (_, n) in zip(tables.send_starts, tables.sends)]
+    else:
+        send = torch.empty((tables.send_rows.shape[0], recv.shape[1]), dtype=x0.dtype, device=x0.device)
+        for x_SC, off, C in zip(x_rows, _offsets(widths), widths):
+            _gather(be, send if len(x_rows) == 1 else send[:, off:off + C], tables.send_rows, x_SC)
     return start_exchange(send, recv, tables, ctx.group, ctx.coalesce), recv
 
 

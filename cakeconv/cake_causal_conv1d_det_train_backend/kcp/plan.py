@@ -245,6 +245,9 @@ class HaloTables:
         recvs: ``((peer, n), ...)``, ascending peer; n > 0.
         map: [D * H] slot sources as above.
         g_rows: [F] (future only; empty for history) local rows whose g this rank computes.
+        send_starts: when every message's rows are consecutive ascending rows of the source,
+            the first row of each message (a message is then a slice of the source, no packing
+            needed); else None.
     """
 
     send_rows: torch.Tensor
@@ -252,6 +255,7 @@ class HaloTables:
     recvs: tuple[tuple[int, int], ...]
     map: torch.Tensor
     g_rows: torch.Tensor
+    send_starts: tuple[int, ...] | None
 
     @property
     def num_send(self) -> int:
@@ -408,8 +412,21 @@ def _halo_tables(src_by_rank: list[torch.Tensor], future: bool) -> list[HaloTabl
         else:
             g_rows = empty
             map_K[slots] = rows
-        tables.append(HaloTables(send_rows=send_rows, sends=sends, recvs=recvs, map=map_K, g_rows=g_rows))
+        tables.append(HaloTables(send_rows=send_rows, sends=sends, recvs=recvs, map=map_K, g_rows=g_rows,
+                                 send_starts=_slice_starts(send_rows, sends)))
     return tables
+
+
+def _slice_starts(send_rows: torch.Tensor, sends) -> tuple[int, ...] | None:
+    """First row of each message if every message is a run of consecutive ascending rows."""
+    starts, off = [], 0
+    for _, n in sends:
+        rows = send_rows[off:off + n]
+        if not torch.equal(rows, torch.arange(int(rows[0]), int(rows[0]) + n, dtype=rows.dtype)):
+            return None
+        starts.append(int(rows[0]))
+        off += n
+    return tuple(starts)
 
 
 def build_rank_plans(cu_seqlens, fragments) -> list[RankPlan]:

@@ -6,21 +6,23 @@ n listed rows (KCP boundary rows), K halo rows.
 Each launcher computes its grid and arguments and calls ``Kernel.launch``, which launches the
 compiled kernel directly instead of through ``kernel[grid](...)``. The latter binds every argument,
 derives Triton's specialization of each (dtype and 16-byte alignment of pointers, integers equal
-to 1 or divisible by 16) and looks up its cache on every call: about 17 us of host time on the H200
-machine for a 19-argument kernel, more than the rest of a small call. Here the caller keys the
-compiled kernel by what determines that specialization:
+to 1 or divisible by 16) and looks up its cache on every call, and its C launcher then asks the
+driver about every pointer: about 17 us of host time on the H200 machine for a 19-argument
+kernel, more than the rest of a small call. Here the compiled kernel is keyed by what determines
+Triton's specialization:
 
 - integer arguments: every kernel marks them ``do_not_specialize``, so one compiled kernel serves
-  all their values (no constexpr variant for 1, none for multiples of 16: the compile failures of
-  a one-segment rank cannot recur) and the key holds none of them. Values stay below 2**31 (the
-  entry points check S), so Triton types them i32 every time;
-- pointers: the key holds the dtype of every pointer argument and requires them all to be
-  16-byte aligned; a call with an unaligned pointer takes Triton's own path (correct, slower);
-- constexprs and launch options: in the key as values.
+  all their values (no constexpr variant for 1, none for multiples of 16: the compile failure of
+  a one-segment KCP rank cannot recur) and the key holds none of them. They stay below 2**31
+  (the entry points check S; the others are bounded by S and 5 C), so Triton types them i32;
+- pointers: the key holds every pointer's dtype and requires all of them 16-byte aligned (one OR
+  of the addresses); a launch with an unaligned pointer takes Triton's own path (correct, slower).
+  The fast path passes the addresses as integers;
+- constexprs and the launch options (warps, register cap): in the key as values.
 
-``tests/test_specialization.py`` records the launches of every launcher and checks on the CPU,
-with Triton's own specialization code for sm_90, that equal keys mean equal specializations and
-that every recorded launch compiles. ``record_launches()`` is that recorder.
+``tests/test_specialization.py`` records the launches of every launcher (``record_launches``) and
+checks on the CPU, with Triton's own specialization code for sm_90, that equal keys mean equal
+specializations and that every recorded launch compiles.
 """
 
 from __future__ import annotations
@@ -103,9 +105,15 @@ def _hooks_set() -> bool:
 class Kernel:
     """A ``@triton.jit`` kernel and its compiled variants, launched without per-call binding.
 
-    ``launch(key, grid, args, options)``: ``args`` are ALL the kernel's parameters in order
-    (constexprs included, as ``kernel[grid](*args)`` takes them); ``key`` is None or a tuple that
-    determines Triton's specialization of ``args`` (module docstring); ``grid`` a 3-tuple.
+    ``launch(grid, pointers, scalars, constants, warps, maxnreg=None)``: the kernel's parameters
+    are its pointer parameters (``pointers``, tensors), then its integer parameters (``scalars``),
+    then its constexprs (``constants``), in that order, as every kernel of this package declares
+    them; ``warps`` and ``maxnreg`` are the launch options (FP contraction is always off).
+
+    The compiled kernel is cached under (device, the pointers' dtypes, constants, options) when
+    every pointer is 16-byte aligned (module docstring) and launched directly with the pointers
+    passed as addresses (no ``data_ptr`` call or driver pointer query per argument in the
+    launcher); otherwise, and for the first launch of a key, ``kernel[grid](...)`` runs it.
     """
 
     def __init__(self, fn):
@@ -113,23 +121,29 @@ class Kernel:
         self.name = fn.__name__
         self._compiled: dict = {}
 
-    def launch(self, key, grid, args, options):
+    def launch(self, grid, pointers, scalars, constants, warps, maxnreg=None):
+        addrs = [p.data_ptr() for p in pointers]
+        bits = 0
+        for a in addrs:
+            bits |= a
+        key = None if bits & 15 else (tuple([p.dtype for p in pointers]), constants, warps, maxnreg)
+        options = _options(warps, maxnreg)
         if _recording is not None:
-            _recording.append(Launch(self, key, grid, args, options))
+            _recording.append(Launch(self, key, grid, (*pointers, *scalars, *constants), options))
             if not _recording_launches:
                 return
         if INTERPRET:
-            self.fn[grid](*args, **options)
+            self.fn[grid](*pointers, *scalars, *constants, **options)
             return
         device = _cuda_getDevice()
         compiled = self._compiled.get((device, key)) if key is not None else None
         if compiled is None or _hooks_set():
-            compiled = self.fn[grid](*args, **options)
+            compiled = self.fn[grid](*pointers, *scalars, *constants, **options)
             if key is not None:
                 self._compiled[(device, key)] = compiled
             return
         compiled.run(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args)
+                     compiled.packed_metadata, None, None, None, *addrs, *scalars, *constants)
 
 
 FWD = Kernel(cake_conv_fwd_kernel)
@@ -143,25 +157,15 @@ HALO_GATHER = Kernel(cake_halo_gather_kernel)
 KERNELS = (FWD, FWD_ROWS, BWD, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER)
 
 
-def _key(pointers, constants):
-    """The launch key: the pointers' dtypes and the constants, or None if a pointer is unaligned."""
-    bits = 0
-    for p in pointers:
-        bits |= p.data_ptr()
-    if bits & 15:
-        return None
-    return tuple(p.dtype for p in pointers) + constants
-
-
 _OPTIONS: dict = {}
 
 
-def _options(cfg) -> dict:
-    """Launch options of a configuration (cached: a config is a frozen dataclass)."""
-    opts = _OPTIONS.get(cfg)
+def _options(warps: int, maxnreg: int | None) -> dict:
+    """Triton launch options (one dict per combination, reused)."""
+    opts = _OPTIONS.get((warps, maxnreg))
     if opts is None:
-        opts = {"num_warps": cfg.num_warps, **tuning.launch_options(cfg), **_NO_FUSION}
-        _OPTIONS[cfg] = opts
+        opts = {"num_warps": warps, **({} if maxnreg is None else {"maxnreg": maxnreg}), **_NO_FUSION}
+        _OPTIONS[(warps, maxnreg)] = opts
     return opts
 
 
@@ -202,9 +206,8 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
     hist = hist_NHC if hist_NHC is not None else w_CW
     consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, cu is not None, hist_NHC is not None,
               cfg.R, cfg.SUB, cfg.BC, cfg.stages)
-    FWD.launch(_key((x_SC, y_SC, w_CW, b, cu_t, hist), consts + (cfg,)),
-               (cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1),
-               (x_SC, y_SC, w_CW, b, cu_t, hist, S, C // 8, n_seg, T) + consts, _options(cfg))
+    FWD.launch((cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1), (x_SC, y_SC, w_CW, b, cu_t, hist),
+               (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
     return y_SC
 
 
@@ -234,20 +237,15 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, cu is not None,
               hist_NHC is not None, fut_NHC is not None, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
     # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
-    BWD.launch(_key((x_SC, dy_SC, dx_SC, w_CW, b, cu_t, hist, fut, ws_F), consts + (cfg,)),
-               (n_nodes * cdiv(C, cfg.BC), 1, 1),
-               (x_SC, dy_SC, dx_SC, w_CW, b, cu_t, hist, fut, ws_F, S, C // 8, n_seg, T) + consts, _options(cfg))
+    BWD.launch((n_nodes * cdiv(C, cfg.BC), 1, 1), (x_SC, dy_SC, dx_SC, w_CW, b, cu_t, hist, fut, ws_F),
+               (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
     gs_F = ws_F[n_leaves * C5:]
-    m = TREE_LEAVES // R
     blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
-    consts = (m, LOG2_TREE_LEAVES - logr, blk)
-    BWD_GROUP.launch(_key((ws_F, gs_F), consts + (warps,)), (n_groups, cdiv(C5, blk), 1),
-                     (ws_F, gs_F, n_nodes, C5) + consts, {"num_warps": warps, **_NO_FUSION})
+    BWD_GROUP.launch((n_groups, cdiv(C5, blk), 1), (ws_F, gs_F), (n_nodes, C5),
+                     (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk), warps)
     fblk = 16 if INTERPRET else _FINAL_BLK
-    db = db_C if db_C is not None else dw_CW
-    consts = (db_C is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK)
-    BWD_FINALIZE.launch(_key((gs_F, dw_CW, db), consts + (warps,)), (cdiv(C, fblk), 1, 1),
-                        (gs_F, dw_CW, db, n_groups, C) + consts, {"num_warps": warps, **_NO_FUSION})
+    BWD_FINALIZE.launch((cdiv(C, fblk), 1, 1), (gs_F, dw_CW, db_C if db_C is not None else dw_CW), (n_groups, C),
+                        (db_C is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
     return dx_SC, dw_CW, db_C
 
 
@@ -270,10 +268,8 @@ def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
     rb, bc, nw = _rows_launch_shape()
     b = b_C if b_C is not None else w_CW
     consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, g_FC.stride(0), b_C is not None, rb, bc)
-    BWD_HEAD.launch(_key((x_SC, dy_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, g_FC), consts + (nw,)),
-                    (cdiv(n, rb), cdiv(C, bc), 1),
-                    (x_SC, dy_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, g_FC, n, S, C // 8,
-                     cu_seqlens.shape[0] - 1) + consts, {"num_warps": nw, **_NO_FUSION})
+    BWD_HEAD.launch((cdiv(n, rb), cdiv(C, bc), 1), (x_SC, dy_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, g_FC),
+                    (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return g_FC
 
 
@@ -286,10 +282,8 @@ def triton_forward_rows(x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, y_SC):
     rb, bc, nw = _rows_launch_shape()
     b = b_C if b_C is not None else w_CW
     consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, rb, bc)
-    FWD_ROWS.launch(_key((x_SC, y_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F), consts + (nw,)),
-                    (cdiv(n, rb), cdiv(C, bc), 1),
-                    (x_SC, y_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, n, S, C // 8,
-                     cu_seqlens.shape[0] - 1) + consts, {"num_warps": nw, **_NO_FUSION})
+    FWD_ROWS.launch((cdiv(n, rb), cdiv(C, bc), 1), (x_SC, y_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F),
+                    (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return y_SC
 
 
@@ -302,10 +296,9 @@ def triton_dx_rows(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, fut_NHC, rows_F
     rb, bc, nw = _rows_launch_shape()
     b = b_C if b_C is not None else w_CW
     consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, rb, bc)
-    BWD_DX_ROWS.launch(_key((x_SC, dy_SC, dx_SC, w_CW, b, cu_seqlens, hist_NHC, fut_NHC, rows_F), consts + (nw,)),
-                       (cdiv(n, rb), cdiv(C, bc), 1),
-                       (x_SC, dy_SC, dx_SC, w_CW, b, cu_seqlens, hist_NHC, fut_NHC, rows_F, n, S, C // 8,
-                        cu_seqlens.shape[0] - 1) + consts, {"num_warps": nw, **_NO_FUSION})
+    BWD_DX_ROWS.launch((cdiv(n, rb), cdiv(C, bc), 1),
+                       (x_SC, dy_SC, dx_SC, w_CW, b, cu_seqlens, hist_NHC, fut_NHC, rows_F),
+                       (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return dx_SC
 
 
@@ -320,8 +313,6 @@ def triton_halo_gather(out_KC, map_K, local_LC, recv_RC=None):
         return out_KC
     rb, bc, nw = (4, 16, 1) if INTERPRET else (4, 256, 4)
     recv = recv_RC if recv_RC is not None else local_LC
-    consts = (recv_RC is not None, rb, bc)
-    HALO_GATHER.launch(_key((out_KC, map_K, local_LC, recv), consts + (nw,)), (cdiv(K, rb), cdiv(C, bc), 1),
-                       (out_KC, map_K, local_LC, recv, K, C, out_KC.stride(0), local_LC.stride(0),
-                        recv.stride(0)) + consts, {"num_warps": nw})
+    HALO_GATHER.launch((cdiv(K, rb), cdiv(C, bc), 1), (out_KC, map_K, local_LC, recv),
+                       (K, C, out_KC.stride(0), local_LC.stride(0), recv.stride(0)), (recv_RC is not None, rb, bc), nw)
     return out_KC

@@ -1,0 +1,93 @@
+"""Tier 4 (GPU): every kernel launched with its integer arguments at 1, at multiples of 16 and at
+ordinary values, compared with the reference; and the launches' own coverage of those values.
+
+The cases (tests/launch_cases.py) run the public single-rank op and the KCP op on a 1-rank context
+(the boundary-row kernels and the halo gather) on the GPU. Each result is compared with the FP32
+reference backend on the same device (within FP32 / one-rounding tolerances: the Triton kernels
+use FMAs), and each KCP result bitwise with the single-rank Triton op on the same tokens. The
+launches are recorded as they run (``record_launches(launch=True)``), and every integer argument of
+every kernel must have taken the value 1 (where the problem allows it), a multiple of 16 and
+another value. Ranks of several ranks (one local segment) run in the multi-GPU tier.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from cakeconv import cake_causal_conv1d_det
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
+from tests import launch_cases
+from tests.helpers import TOLERANCES, rel_err
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+SEEN = collections.defaultdict(set)
+
+
+def _record(launches):
+    for r in launches:
+        for p, a in zip(r.kernel.fn.params, r.args):
+            if not p.is_constexpr and type(a) is int:
+                SEEN[(r.kernel.name, p.name)].add(a)
+
+
+@pytest.mark.parametrize("name", list(launch_cases.SINGLE_CASES))
+def test_single_rank_case_matches_reference(name):
+    with launch.record_launches(launch=True) as launches:
+        got = launch_cases.run_single(name, DEV, "triton")
+    torch.cuda.synchronize()
+    _record(launches)
+    want = launch_cases.run_single(name, DEV, "reference")
+    dtype = launch_cases.SINGLE_CASES[name][5]
+    for k in want:
+        assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype, (name, k)
+        tol = TOLERANCES[dtype] if k in ("y", "dx") else 1e-4
+        if got[k].dtype == torch.bfloat16 and k not in ("y", "dx"):
+            tol = TOLERANCES[torch.bfloat16]
+        assert rel_err(got[k], want[k]) < tol, (name, k, rel_err(got[k], want[k]))
+    again = launch_cases.run_single(name, DEV, "triton")
+    assert all(torch.equal(got[k], again[k]) for k in got), name  # bitwise on every call
+
+
+@pytest.mark.parametrize("name", list(launch_cases.KCP_CASES))
+def test_kcp_case_is_bitwise_the_single_rank_op(name):
+    with launch.record_launches(launch=True) as launches:
+        got = launch_cases.run_kcp(name, DEV, "triton")
+    torch.cuda.synchronize()
+    _record(launches)
+    cu, fragments, C = launch_cases.KCP_CASES[name]
+    x, dy, w, b = launch_cases._inputs(cu[-1], C, len(fragments), DEV)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    y = cake_causal_conv1d_det(*leaves, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=DEV))
+    y.backward(dy)
+    idx = got["index"]
+    assert torch.equal(got["y"], y.detach()[idx]), name
+    assert torch.equal(got["dx"], leaves[0].grad[idx]), name
+    # one rank holds every token: its partial sums are the whole sums (in its own row order)
+    assert rel_err(got["dw"], leaves[1].grad) < 1e-5 and rel_err(got["db"], leaves[2].grad) < 1e-5, name
+    ref = launch_cases.run_kcp(name, DEV, "reference")
+    assert rel_err(got["y"], ref["y"]) < TOLERANCES[torch.bfloat16] and rel_err(got["dx"], ref["dx"]) < TOLERANCES[torch.bfloat16]
+
+
+def test_zz_every_integer_argument_took_1_16k_and_other():
+    """Runs last (name order within the module): what the cases above launched on the GPU."""
+    if not SEEN:
+        pytest.skip("run with the cases of this module")
+    cannot_be_one = {"C5", "C", "so", "sl", "sr"}
+    # S = 1 and n_seg = 1 in the row kernels need a rank of several: the multi-GPU tier's
+    needs_ranks = {("cake_conv_fwd_rows_kernel", "S"), ("cake_conv_fwd_rows_kernel", "n_seg"),
+                   ("cake_conv_bwd_head_kernel", "S"), ("cake_conv_bwd_head_kernel", "n_seg"),
+                   ("cake_conv_bwd_dx_rows_kernel", "S"), ("cake_conv_bwd_dx_rows_kernel", "n_seg"),
+                   ("cake_halo_gather_kernel", "n_rows")}
+    missing = []
+    for (kernel, arg), values in sorted(SEEN.items()):
+        need = {"16k": any(v % 16 == 0 and v > 0 for v in values), "other": any(v != 1 and v % 16 for v in values)}
+        if arg not in cannot_be_one and (kernel, arg) not in needs_ranks:
+            need["1"] = 1 in values
+        if not all(need.values()):
+            missing.append(f"{kernel}.{arg}: {sorted(values)[:12]}")
+    assert not missing, missing
+    assert {k for k, _ in SEEN} == {k.name for k in launch.KERNELS}
