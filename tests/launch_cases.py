@@ -37,12 +37,13 @@ def _inputs(S, C, seed, device, dtype=torch.bfloat16, wdtype=torch.float32, bias
     return [t.to(device) if t is not None else None for t in (x, dy, w, b)]
 
 
-def _single(S, C, cu, device, backend, seed=0, shape=None, bias=True, dtype=torch.bfloat16, wdtype=torch.float32):
+def _single(S, C, cu, device, backend, seed=0, shape=None, bias=True, dtype=torch.bfloat16, wdtype=torch.float32,
+            cu_dtype=torch.int32):
     """Forward + backward of the single-rank op; x viewed as ``shape`` if given ([B, T, C])."""
     x, dy, w, b = _inputs(S, C, seed, device, dtype, wdtype, bias)
     if shape is not None:
         x, dy = x.view(shape), dy.view(shape)
-    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=cu_dtype, device=device)
     leaves = [t.clone().requires_grad_(True) for t in (x, w) + ((b,) if b is not None else ())]
     y = cake_causal_conv1d_det(leaves[0], leaves[1], leaves[2] if b is not None else None, cu_seqlens=cu_t,
                                backend=backend)
@@ -83,6 +84,7 @@ SINGLE_CASES = {
     "S32_C16_B2_T16": (32, 16, None, (2, 16, 16), True, torch.bfloat16, torch.float32),
     "S34_C8_B2_T17": (34, 8, None, (2, 17, 8), True, torch.float32, torch.float32),
     "S100_C128_3_docs": (100, 128, [0, 1, 50, 100], None, True, torch.bfloat16, torch.float32),
+    "S100_C128_3_docs_int64_cu": (100, 128, [0, 1, 50, 100], None, True, torch.bfloat16, torch.float32),
     "S1000_C16_1x3_S": (1000, 16, [0, 1000], (1, 1000, 16), True, torch.bfloat16, torch.float32),
     "S4096_C128_16_docs": (4096, 128, _cu_every(4096, 16), None, True, torch.bfloat16, torch.float32),
     "S800_C24_3_docs": (800, 24, [0, 300, 301, 800], None, True, torch.bfloat16, torch.float32),
@@ -114,7 +116,9 @@ KCP_CASES = {
 
 def run_single(name, device, backend):
     S, C, cu, shape, bias, dtype, wdtype = SINGLE_CASES[name]
-    return _single(S, C, cu, device, backend, seed=S + C, shape=shape, bias=bias, dtype=dtype, wdtype=wdtype)
+    cu_dtype = torch.int64 if name.endswith("int64_cu") else torch.int32
+    return _single(S, C, cu, device, backend, seed=S + C, shape=shape, bias=bias, dtype=dtype, wdtype=wdtype,
+                   cu_dtype=cu_dtype)
 
 
 def run_kcp(name, device, backend):
@@ -151,6 +155,8 @@ RANK_CASES = {
     "one_doc_2_ranks_rank0_S16": ([0, 32], 2, "contiguous", 0, 16),
     "two_tokens_2_ranks_rank1_S1": ([0, 2], 2, "contiguous", 1, 8),
     "two_tokens_2_ranks_rank0_S1": ([0, 2], 2, "contiguous", 0, 24),
+    # the multi form packs its tensors side by side: 1 row packed
+    "two_tokens_2_ranks_rank0_S1_multi": ([0, 2], 2, "contiguous", 0, 16),
 }
 
 
@@ -160,6 +166,14 @@ def record_kcp_rank(name):
     ctx = _rank_context(cu, world_size, layout, rank)
     x, dy, w, b = _inputs(ctx.num_local_tokens, C, 0, "cpu")
     xl = x.requires_grad_(True)
+    if name.endswith("multi"):
+        from cakeconv import cake_causal_conv1d_det_multi_kcp
+
+        x2, dy2, w2, _ = _inputs(ctx.num_local_tokens, 8, 1, "cpu")
+        ys = cake_causal_conv1d_det_multi_kcp([xl, x2.requires_grad_(True)], [w, w2], ctx, biases=[b, None],
+                                              backend="triton")
+        torch.autograd.backward(ys, [dy, dy2])
+        return ctx
     y = cake_causal_conv1d_det_kcp(xl, w, ctx, bias=b, backend="triton")
     y.backward(dy)
     return ctx

@@ -353,7 +353,8 @@ def _stored_histories(key, handle):
 
 
 def _forward_checked(xs, weights, biases, kctx, backend, handle, key):
-    """(ys, hists) of a KCP call: validation, the recompute-handle rules, the forward program.
+    """(ys, hists, backend) of a KCP call: validation, the recompute-handle rules, the forward
+    program; ``backend`` is the resolved one ("triton" or "reference").
 
     No handle: the program with its exchange. A handle without ``key``: the same, and the received
     history rows are stored in ``handle.entries[key]``. A handle with ``key``, inside a backward
@@ -368,7 +369,7 @@ def _forward_checked(xs, weights, biases, kctx, backend, handle, key):
         if stored is None:
             handle.entries[key] = hists
         hists = [h.clone() for h in hists]
-    return ys, hists
+    return ys, hists, be
 
 
 def _backward_checked(dys, xs, weights, biases, hists, kctx, backend, dweight_dtype=torch.float32):
@@ -397,8 +398,8 @@ def forward_op(xs: List[Tensor], weights: List[Tensor], biases: List[Tensor], ha
         raise ValueError(f"num_segments = {num_segments} but the KcpContext (op_id {context_id}) has "
                          f"D = {kctx.num_segments} local segments")
     handle = None if handle_id == NO_HANDLE else HANDLES.lookup(handle_id)
-    ys, hists = _forward_checked(list(xs), list(weights), _optional_biases(biases, has_bias), kctx, backend,
-                                 handle, key)
+    ys, hists, _ = _forward_checked(list(xs), list(weights), _optional_biases(biases, has_bias), kctx, backend,
+                                    handle, key)
     return [*ys, *hists]
 
 
@@ -442,13 +443,14 @@ def _check_operand_types(xs, weights, biases, kctx, handle, backend):
 
 
 def _forward_call(xs, weights, biases, kctx, backend, handle, key):
-    """(ys, hists): eager, the checked program; compiling, the forward op."""
+    """(ys, hists, resolved backend): eager, the checked program; compiling, the forward op (and
+    None for the backend: the backward op validates again when it runs)."""
     if torch.compiler.is_compiling():
         _check_operand_types(xs, weights, biases, kctx, handle, backend)
         placed = [w.new_empty((0,), dtype=torch.float32) if b is None else b for b, w in zip(biases, weights)]
         out = forward_op(list(xs), list(weights), placed, [b is not None for b in biases], kctx.op_id,
                          kctx.num_segments, NO_HANDLE if handle is None else handle.op_id, key, backend)
-        return out[:len(xs)], out[len(xs):]
+        return out[:len(xs)], out[len(xs):], None
     if handle is not None and not isinstance(handle, RecomputeHandleDetKcp):
         raise TypeError(f"recompute_handle must be a RecomputeHandleDetKcp or None, got {type(handle).__name__}")
     return _forward_checked(xs, weights, biases, kctx, backend, handle, key)
@@ -508,9 +510,10 @@ def cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx, bias=None, *, 
 
 # ----------------------------------------------------------------- 4. autograd Functions
 
-def _save(fctx, xs, weights, biases, hists, kctx, backend):
+def _save(fctx, xs, weights, biases, hists, kctx, backend, resolved):
     fctx.n = len(xs)
     fctx.backend = backend
+    fctx.resolved = resolved  # eager: the forward's validated backend (the backward checks dy only)
     fctx.has_bias = [b is not None for b in biases]
     fctx.context_id = kctx.op_id
     # Eager, the node holds the context until the backward; a compiled graph holds only its id.
@@ -524,13 +527,20 @@ def _gradients(fctx, dys):
     saved = fctx.saved_tensors
     xs, weights, biases, hists = saved[:n], saved[n:2 * n], saved[2 * n:3 * n], saved[3 * n:]
     dys = [torch.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
-    if torch.compiler.is_compiling() or fctx.kcp_context is None:
+    if torch.compiler.is_compiling() or fctx.kcp_context is None or fctx.resolved is None:
         placed = [w.new_empty((0,), dtype=torch.float32) if b is None else b for b, w in zip(biases, weights)]
         out = backward_op(dys, list(xs), list(weights), placed, fctx.has_bias, list(hists), fctx.context_id,
                           fctx.backend)
         dbs = [db if hb else None for db, hb in zip(out[2 * n:], fctx.has_bias)]
         return list(out[:n]), list(out[n:2 * n]), dbs
-    return _backward_checked(dys, list(xs), list(weights), list(biases), list(hists), fctx.kcp_context, fctx.backend)
+    # eager: the forward validated xs, the taps and the context; only dy is new
+    kctx = fctx.kcp_context
+    S = kctx.plan.num_local_tokens
+    dy_rows = _check_dys(dys, xs, S)
+    x_rows = [rows_view(x, S, x.shape[-1]) for x in xs]
+    ws = [w if w.is_contiguous() else w.contiguous() for w in weights]
+    bs = [b if b is None or b.is_contiguous() else b.contiguous() for b in biases]
+    return _backward_program(dy_rows, list(xs), x_rows, ws, bs, list(hists), kctx, fctx.resolved)
 
 
 class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
@@ -559,8 +569,8 @@ class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kctx, backend, handle, n, *args):
         xs, weights, biases = list(args[:n]), list(args[n:2 * n]), list(args[2 * n:3 * n])
-        ys, hists = _forward_call(xs, weights, biases, kctx, backend, handle, KEY_MULTI)
-        _save(ctx, xs, weights, biases, hists, kctx, backend)
+        ys, hists, resolved = _forward_call(xs, weights, biases, kctx, backend, handle, KEY_MULTI)
+        _save(ctx, xs, weights, biases, hists, kctx, backend, resolved)
         return tuple(ys)
 
     @staticmethod
@@ -580,8 +590,8 @@ class CakeCausalConv1dDetFunctionKcp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_local, weight, bias, kctx, backend, handle):
-        ys, hists = _forward_call([x_local], [weight], [bias], kctx, backend, handle, KEY_SINGLE)
-        _save(ctx, [x_local], [weight], [bias], hists, kctx, backend)
+        ys, hists, resolved = _forward_call([x_local], [weight], [bias], kctx, backend, handle, KEY_SINGLE)
+        _save(ctx, [x_local], [weight], [bias], hists, kctx, backend, resolved)
         return ys[0]
 
     @staticmethod

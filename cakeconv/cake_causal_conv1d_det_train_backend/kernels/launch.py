@@ -105,12 +105,14 @@ def _hooks_set() -> bool:
 class Kernel:
     """A ``@triton.jit`` kernel and its compiled variants, launched without per-call binding.
 
-    ``launch(grid, pointers, scalars, constants, warps, maxnreg=None)``: the kernel's parameters
-    are its pointer parameters (``pointers``, tensors), then its integer parameters (``scalars``),
-    then its constexprs (``constants``), in that order, as every kernel of this package declares
-    them; ``warps`` and ``maxnreg`` are the launch options (FP contraction is always off).
+    ``launch(grid, pointers, dtypes, scalars, constants, warps, maxnreg=None)``: the kernel's
+    parameters are its pointer parameters (``pointers``, tensors), then its integer parameters
+    (``scalars``), then its constexprs (``constants``), in that order, as every kernel of this
+    package declares them; ``warps`` and ``maxnreg`` are the launch options (FP contraction is
+    always off). ``dtypes``: a tuple that determines every pointer's dtype given the constants
+    (the launcher's knowledge, e.g. y has x's dtype; tests/test_specialization.py checks it).
 
-    The compiled kernel is cached under (device, the pointers' dtypes, constants, options) when
+    The compiled kernel is cached under (device, dtypes, constants, options) when
     every pointer is 16-byte aligned (module docstring) and launched directly with the pointers
     passed as addresses (no ``data_ptr`` call or driver pointer query per argument in the
     launcher); otherwise, and for the first launch of a key, ``kernel[grid](...)`` runs it.
@@ -121,24 +123,23 @@ class Kernel:
         self.name = fn.__name__
         self._compiled: dict = {}
 
-    def launch(self, grid, pointers, scalars, constants, warps, maxnreg=None):
+    def launch(self, grid, pointers, dtypes, scalars, constants, warps, maxnreg=None):
         addrs = [p.data_ptr() for p in pointers]
         bits = 0
         for a in addrs:
             bits |= a
-        key = None if bits & 15 else (tuple([p.dtype for p in pointers]), constants, warps, maxnreg)
-        options = _options(warps, maxnreg)
+        key = None if bits & 15 else (dtypes, constants, warps, maxnreg)
         if _recording is not None:
-            _recording.append(Launch(self, key, grid, (*pointers, *scalars, *constants), options))
+            _recording.append(Launch(self, key, grid, (*pointers, *scalars, *constants), _options(warps, maxnreg)))
             if not _recording_launches:
                 return
         if INTERPRET:
-            self.fn[grid](*pointers, *scalars, *constants, **options)
+            self.fn[grid](*pointers, *scalars, *constants, **_options(warps, maxnreg))
             return
         device = _cuda_getDevice()
         compiled = self._compiled.get((device, key)) if key is not None else None
         if compiled is None or _hooks_set():
-            compiled = self.fn[grid](*pointers, *scalars, *constants, **options)
+            compiled = self.fn[grid](*pointers, *scalars, *constants, **_options(warps, maxnreg))
             if key is not None:
                 self._compiled[(device, key)] = compiled
             return
@@ -206,8 +207,9 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
     hist = hist_NHC if hist_NHC is not None else w_CW
     consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, cu is not None, hist_NHC is not None,
               cfg.R, cfg.SUB, cfg.BC, cfg.stages)
+    # y and hist have x's dtype (validated / built so); b, cu and hist stand in with w when absent
     FWD.launch((cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1), (x_SC, y_SC, w_CW, b, cu_t, hist),
-               (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
+               (x_SC.dtype, w_CW.dtype, b.dtype, cu_t.dtype), (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
     return y_SC
 
 
@@ -237,14 +239,17 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, cu is not None,
               hist_NHC is not None, fut_NHC is not None, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
     # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
+    # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
     BWD.launch((n_nodes * cdiv(C, cfg.BC), 1, 1), (x_SC, dy_SC, dx_SC, w_CW, b, cu_t, hist, fut, ws_F),
-               (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
+               (x_SC.dtype, dy_SC.dtype, w_CW.dtype, b.dtype, cu_t.dtype), (S, C // 8, n_seg, T), consts,
+               cfg.num_warps, cfg.maxnreg)
     gs_F = ws_F[n_leaves * C5:]
     blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
-    BWD_GROUP.launch((n_groups, cdiv(C5, blk), 1), (ws_F, gs_F), (n_nodes, C5),
+    BWD_GROUP.launch((n_groups, cdiv(C5, blk), 1), (ws_F, gs_F), (), (n_nodes, C5),
                      (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk), warps)
     fblk = 16 if INTERPRET else _FINAL_BLK
-    BWD_FINALIZE.launch((cdiv(C, fblk), 1, 1), (gs_F, dw_CW, db_C if db_C is not None else dw_CW), (n_groups, C),
+    db = db_C if db_C is not None else dw_CW
+    BWD_FINALIZE.launch((cdiv(C, fblk), 1, 1), (gs_F, dw_CW, db), (dw_CW.dtype, db.dtype), (n_groups, C),
                         (db_C is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
     return dx_SC, dw_CW, db_C
 
@@ -268,8 +273,9 @@ def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
     rb, bc, nw = _rows_launch_shape()
     b = b_C if b_C is not None else w_CW
     consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, g_FC.stride(0), b_C is not None, rb, bc)
+    # hist has x's dtype, g is FP32, rows int64, cu int32 (the KCP plan's)
     BWD_HEAD.launch((cdiv(n, rb), cdiv(C, bc), 1), (x_SC, dy_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, g_FC),
-                    (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
+                    (x_SC.dtype, dy_SC.dtype, b.dtype), (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return g_FC
 
 
@@ -283,7 +289,7 @@ def triton_forward_rows(x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, y_SC):
     b = b_C if b_C is not None else w_CW
     consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, rb, bc)
     FWD_ROWS.launch((cdiv(n, rb), cdiv(C, bc), 1), (x_SC, y_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F),
-                    (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
+                    (x_SC.dtype, b.dtype), (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return y_SC
 
 
@@ -298,7 +304,7 @@ def triton_dx_rows(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, fut_NHC, rows_F
     consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, rb, bc)
     BWD_DX_ROWS.launch((cdiv(n, rb), cdiv(C, bc), 1),
                        (x_SC, dy_SC, dx_SC, w_CW, b, cu_seqlens, hist_NHC, fut_NHC, rows_F),
-                       (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
+                       (x_SC.dtype, dy_SC.dtype, b.dtype), (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return dx_SC
 
 
@@ -313,6 +319,6 @@ def triton_halo_gather(out_KC, map_K, local_LC, recv_RC=None):
         return out_KC
     rb, bc, nw = (4, 16, 1) if INTERPRET else (4, 256, 4)
     recv = recv_RC if recv_RC is not None else local_LC
-    HALO_GATHER.launch((cdiv(K, rb), cdiv(C, bc), 1), (out_KC, map_K, local_LC, recv),
+    HALO_GATHER.launch((cdiv(K, rb), cdiv(C, bc), 1), (out_KC, map_K, local_LC, recv), (out_KC.dtype, local_LC.dtype),
                        (K, C, out_KC.stride(0), local_LC.stride(0), recv.stride(0)), (recv_RC is not None, rb, bc), nw)
     return out_KC
