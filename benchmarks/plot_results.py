@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Redraw the plot and reprint the table of bench_cake_causal_conv1d_det.py from its JSON-lines output.
+"""Redraw the plots and reprint the table of bench_cake_causal_conv1d_det.py from its JSON-lines output.
 
     python benchmarks/plot_results.py benchmarks/results/bench_cake_causal_conv1d_det.jsonl [--out DIR]
 
@@ -66,10 +66,10 @@ def main(argv=None):
         notes.append(f"run cut short: {len(rows)} rows of the partial file, rated against the copy bandwidth "
                      f"measured at the start ({env['copy_gbs']:.0f} GB/s; no end reading)")
         bench.write_outputs(rows, checks, env, notes, out, env.get("elapsed_s", float("nan")))
-    png = bench.plot(rows, sweep_s, env, out, notes)
-    passes = [p_ for p_ in bench.PASSES if any(r["pass"] == p_ for r in rows)]
+    pngs = [bench.plot(rows, sweep_s, env, out, notes), bench.plot_host_cost(rows, env, out, notes)]
+    passes = [p_ for p_ in bench.PASSES if any(r["pass"] == p_ and bench.method_of(r) == "gpu" for r in rows)]
     biases = [b for b in (False, True) if any(r["bias"] == b for r in rows)]
-    print(bench.format_table(rows, checks, env, notes, passes, biases, sweep_s, [png] if png else [],
+    print(bench.format_table(rows, checks, env, notes, passes, biases, sweep_s, [p for p in pngs if p],
                              env.get("elapsed_s", float("nan"))))
     return 0
 

@@ -3,7 +3,9 @@
 A run writes its rows twice: as it goes (``.partial.jsonl``: an env line, then one row per
 measurement, so a run cut short by a time limit keeps them) and at the end (JSON lines, CSV, table).
 plot_results.py must rebuild, from the partial file alone, the same rows (same medians, same floor
-bytes) as the finished run, rated against the start copy reading.
+bytes) as the finished run, rated against the start copy reading. The run covers every timing
+method (GPU time, the eager loop and the host cost beside the trivial Function and silu) and two
+document mixes, on small shapes so that it stays fast.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ def _run(args, cwd):
 
 def _csv_rows(path):
     with open(path) as f:
-        return {(r["S"], r["C"], r["pass"], r["provider"], r["bias"]): r for r in csv.DictReader(f)}
+        return {(r["method"], r["mix"], r["S"], r["C"], r["pass"], r["provider"], r["bias"]): r
+                for r in csv.DictReader(f)}
 
 
 def test_dry_run_partial_file_rebuilds_the_finished_rows(tmp_path):
     run_dir, re_dir = tmp_path / "run", tmp_path / "replot"
-    table = _run([BENCH, "--dry-run", "--no-plot", "--out", str(run_dir)], tmp_path)
-    assert "fwd+bwd" in table
+    table = _run([BENCH, "--dry-run", "--no-plot", "--rows", "1531x16,2053x32", "--doc-mix", "seed,uniform:1-8",
+                  "--bias", "no", "--eager", "--host-cost", "--reps", "2", "--out", str(run_dir)], tmp_path)
+    assert "fwd+bwd" in table and "== eager loop" in table and "== host cost" in table and "== document mixes" in table
     with open(run_dir / f"{STEM}.partial.jsonl") as f:
         lines = [json.loads(line) for line in f]
     assert lines[0]["kind"] == "env" and lines[0]["copy_gbs_start"] > 0
@@ -44,6 +48,17 @@ def test_dry_run_partial_file_rebuilds_the_finished_rows(tmp_path):
 
     final = _csv_rows(run_dir / f"{STEM}.csv")
     assert len(final) == len(partial)
+    methods = {(k[0], k[1]) for k in final}
+    for mix in ("seed", "uniform:1-8"):
+        assert {("gpu", mix), ("eager", mix), ("eager_step", mix)} <= methods, methods
+    host = {(k[0], k[5]) for k in final if k[0].startswith("host_")}
+    assert {("host_chain", p) for p in ("ours", "trivial", "silu")} <= host, host
+    assert {("host_step", "ours"), ("host_nograd", "ours"), ("host_ws", "ours")} <= host, host
+    for key, row in final.items():
+        if key[0] == "host_chain" and key[5] == "ours":
+            assert float(row["ratio_to_trivial"]) > 0
+        if key[0] == "eager":
+            assert float(row["eager_vs_gpu"]) > 0
     re_table = _run([PLOT, str(run_dir / f"{STEM}.partial.jsonl"), "--out", str(re_dir)], tmp_path)
     assert "run cut short" in re_table
     rebuilt = _csv_rows(re_dir / f"{STEM}.csv")

@@ -4,7 +4,8 @@ benchmarks/bench_cake_causal_conv1d_det_kcp.py is launched with torchrun on the 
 ``run(argv)`` is called inside the ranks of the test harness (tests/kcp/_dist.py), which have already
 initialised gloo, so the benchmark must use that process group instead of initialising its own.
 Checked on every rank: each (layout, form) row reports bitwise equality of the KCP y and dx with the
-single-rank op; rank 0 wrote the JSON-lines file with 3 layouts x 2 forms timing rows. A second run
+single-rank op; rank 0 wrote the JSON-lines file with 3 layouts x 2 forms timing rows, each with its
+GPU-time, eager-loop and host-cost figures (KCP and local op). A second run
 breaks the KCP op's y on rank 1 only and checks that every rank reports that failure (so a
 ``bitwise`` column of True is a verdict, not a constant).
 """
@@ -53,6 +54,14 @@ def _dry_run_on_rank(rank, world, out_dir):
             assert r["fwdbwd_ms"] > 0 and r["local_fwdbwd_ms"] > 0, r
             expected = 100.0 * (r["fwdbwd_ms"] - r["local_fwdbwd_ms"]) / r["local_fwdbwd_ms"]
             assert abs(r["overhead_pct"] - expected) < 1e-9, r
+            # the eager loop (a chain per step) and the host cost at the tiny shape, KCP vs the local op
+            assert r["eager_ms"] > 0 and r["local_eager_ms"] > 0, r
+            expected = 100.0 * (r["eager_ms"] - r["local_eager_ms"]) / r["local_eager_ms"]
+            assert abs(r["eager_overhead_pct"] - expected) < 1e-9, r
+            for item in ("chain", "step"):
+                kcp_us, local_us = r[f"host_{item}_us"], r[f"local_host_{item}_us"]
+                assert kcp_us > 0 and local_us > 0 and abs(r[f"host_{item}_ratio"] - kcp_us / local_us) < 1e-9, r
+            assert r["host_S_local"] * world == r["host_T"], r
             assert r["T"] == sum(r["doc_lengths"]) and r["S_local"] * world == r["T"], r
             for n in r["doc_lengths"] if r["layout"] == "zigzag_per_document" else [r["T"]]:
                 assert n % (2 * world) == 0, r
@@ -72,7 +81,8 @@ def _broken_on_rank(rank, world, out_dir):
 
     cakeconv.cake_causal_conv1d_det_kcp = shifted
     try:
-        rows = _load_bench().run(["--dry-run", "--layouts", "zigzag", "--out", out_dir])
+        rows = _load_bench().run(["--dry-run", "--layouts", "zigzag", "--eager-steps", "0", "--host-steps", "0",
+                                  "--out", out_dir])
     finally:
         cakeconv.cake_causal_conv1d_det_kcp = good
     return sorted((r["form"], r["bitwise"], tuple(r["bitwise_failed_ranks"])) for r in rows)

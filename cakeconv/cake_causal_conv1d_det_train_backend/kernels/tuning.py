@@ -53,7 +53,7 @@ def launch_options(cfg: FwdConfig | BwdConfig) -> dict:
     return {} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
 
 
-# Every configuration a heuristic below may return, and the candidates of benchmarks/sweep_configs.py
+# Every configuration a heuristic below may return, and the candidates of benchmarks/tools/sweep_configs.py
 # (the losers of earlier sweeps are dropped; benchmarks/NOTES.md keeps their figures).
 FWD_CONFIGS = (
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3, maxnreg=128),

@@ -3,7 +3,7 @@
 For each launch configuration of tuning.py: registers, spills (local loads/stores), and the width
 of the global loads/stores in the PTX (16-byte accesses show as ``v4.b32`` for bf16 rows).
 
-    python benchmarks/compile_report.py
+    python benchmarks/tools/compile_report.py
 """
 
 import collections

@@ -4,7 +4,7 @@ Prints, per (pass, C, config): median ms over cold-L2 calls and the fraction of 
 measured in the same run (floor bytes: forward 4*S*C, backward 6*S*C for bf16). Writes a JSON-lines
 file per row when --out is given.
 
-    python benchmarks/sweep_configs.py --C 128,512,2048,8192 --out $OUT
+    python benchmarks/tools/sweep_configs.py --C 128,512,2048,8192 --out $OUT
 """
 
 import argparse

@@ -2,9 +2,9 @@
 
 For each C: the device time of every kernel the call launches (median over repeats), their sum,
 and the call's wall time between CUDA events (the difference is launch gaps). Uses the tuner's
-picks and the sweep's document mix (benchmarks/sweep_configs.random_cu).
+picks and the sweep's document mix (benchmarks/tools/sweep_configs.random_cu).
 
-    python benchmarks/kernel_times.py --C 128,512 --out $OUT
+    python benchmarks/tools/kernel_times.py --C 128,512 --out $OUT
 """
 
 import argparse
@@ -16,7 +16,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sweep_configs import random_cu  # benchmarks/ is on sys.path when run as a script
+from sweep_configs import random_cu  # benchmarks/tools/ is on sys.path when run as a script
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch
 

@@ -1,7 +1,7 @@
 """Run each Triton kernel of interest once, for Nsight Compute (ncu) to read its counters (GPU).
 
     ncu --clock-control none -k regex:cake_conv --section SpeedOfLight ... \
-        python benchmarks/ncu_profile.py --C 512
+        python benchmarks/tools/ncu_profile.py --C 512
 
 Launches, per C: the forward and the backward with the tuner's picks, plus a device-to-device copy
 of the same bytes. The counters are ncu's output; this script only launches.
@@ -13,7 +13,7 @@ import sys
 import torch
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning
-from sweep_configs import random_cu  # the same document mix as the sweep (benchmarks/ is on sys.path)
+from sweep_configs import random_cu  # the same document mix as the sweep (benchmarks/tools/ is on sys.path)
 
 
 def main():

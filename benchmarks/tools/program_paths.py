@@ -8,7 +8,7 @@ instructions and 5x its global loads per step in the forward at C = 1536, per
 ``sass_loop_count.py``). Programs are launched in row-block order, channel blocks fastest, so a
 searching row block late in S runs in the grid's last wave.
 
-    python benchmarks/program_paths.py --rows 250340x1536,262144x1536
+    python benchmarks/tools/program_paths.py --rows 250340x1536,262144x1536
 
 Uses the benchmark's own document lengths (bench_cake_causal_conv1d_det.doc_lengths, same seed).
 """
@@ -18,7 +18,7 @@ import bisect
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the benchmark
 import bench_cake_causal_conv1d_det as bench  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, common as triton_common, tuning  # noqa: E402

@@ -5,8 +5,8 @@ Triton ships, finds the two largest loops (backward branches: the masked and the
 loop) and divides their instruction counts by the elements a thread handles per loop step. The
 unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md (v5 candidate).
 
-    python benchmarks/sass_loop_count.py            # instructions per element (C = 512 picks)
-    python benchmarks/sass_loop_count.py --spills   # register spills in the backward's loops per C
+    python benchmarks/tools/sass_loop_count.py            # instructions per element (C = 512 picks)
+    python benchmarks/tools/sass_loop_count.py --spills   # register spills in the backward's loops per C
 """
 
 import collections
