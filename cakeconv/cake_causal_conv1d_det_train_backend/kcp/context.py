@@ -19,7 +19,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .exchange import coalescing
+from .exchange import coalescing, start_exchange
 from .plan import LAYOUTS, RankPlan, build_rank_plans, layout_fragments, normalize_cu_seqlens, validate_fragments
 
 class ObjectRegistry:
@@ -213,7 +213,8 @@ def build_kcp_context(cu_seqlens, *, layout=None, group=None, fragments=None, de
     local build, group size, layout, T, hashes of cu_seqlens and of the fragment table). Every rank
     reaches the same verdict: if any rank's input is invalid or differs from another rank's, every
     rank raises ValueError and none hangs. It also serves as the group's first collective, which
-    NCCL's batched point-to-point calls of the halo exchange need.
+    NCCL's batched point-to-point calls of the halo exchange need. Then one tiny exchange in each
+    direction connects every pair of ranks that exchanges halo rows (``_connect_peers``).
 
     Raises:
         ValueError: bad or mismatched inputs (on every rank), or ``group`` given without an
@@ -264,7 +265,27 @@ def build_kcp_context(cu_seqlens, *, layout=None, group=None, fragments=None, de
     elif error is not None:
         raise error
 
-    return KcpContext(group=group, layout=layout_name, fragments=table, global_cu_seqlens=cu, device=device, plan=plan.to(device))
+    ctx = KcpContext(group=group, layout=layout_name, fragments=table, global_cu_seqlens=cu, device=device,
+                     plan=plan.to(device))
+    if group is not None:
+        _connect_peers(ctx)
+    return ctx
+
+
+def _connect_peers(ctx: KcpContext) -> None:
+    """One tiny exchange in each direction, so that every pair of ranks that exchanges halo rows
+    is connected before the first KCP call.
+
+    NCCL connects a pair of ranks lazily, at their first point-to-point operation, and the host
+    waits there until both ranks take part. Here every rank takes part (the build is collective);
+    later, a rank whose peer failed before an exchange waits on the GPU, where the process group's
+    watchdog ends it after the timeout, instead of waiting on the host, where nothing does.
+    """
+    device = _collective_device(ctx.group)
+    for tables in (ctx.plan.hist, ctx.plan.fut):
+        send = torch.zeros((tables.num_send, 1), dtype=torch.float32, device=device)
+        recv = torch.empty((tables.num_recv, 1), dtype=torch.float32, device=device)
+        start_exchange(send, recv, tables, ctx.group, coalescing(ctx.group, device)).wait()
 
 
 def _flatten(table) -> list[int]:
