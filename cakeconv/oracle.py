@@ -2,7 +2,7 @@
 
 Shape legend: S packed tokens, C channels, W = 4 taps, N documents.
 
-The oracle is the definition of SPEC.md section 1, computed the slowest and plainest way: one
+The oracle is the op's definition (``cake_causal_conv1d_det``), computed the slowest and plainest way: one
 ``torch.nn.functional.conv1d(groups=C)`` per document with W - 1 = 3 rows of left zero padding,
 then SiLU, all in float64 on the CPU; the backward is torch autograd of the same graph.
 """

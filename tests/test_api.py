@@ -56,9 +56,37 @@ def test_removed_names_are_gone():
             importlib.import_module(mod_name)
 
 
-def test_supported():
-    assert is_cake_causal_conv1d_det_train_supported("cpu")
-    assert is_cake_causal_conv1d_det_train_supported(torch.zeros(1))
+def test_supported(monkeypatch):
+    """True on the CPU; False on every other non-CUDA device; on CUDA, capability >= 8.0 (SPEC 3).
+
+    The CUDA rule is checked without a GPU by faking the capability query, and on a GPU against
+    the real device; devices that are not CPU or CUDA (meta, and device types without a backend
+    here) answer False rather than raising; arguments that are not a device raise TypeError.
+    """
+    f = is_cake_causal_conv1d_det_train_supported
+    assert f("cpu") is True
+    assert f(torch.device("cpu")) is True
+    assert f(torch.zeros(1)) is True
+    assert f(torch.zeros(2, 8, dtype=torch.bfloat16)) is True
+    for other in ("meta", torch.device("meta"), torch.empty(3, device="meta"), "mps", "xpu"):
+        assert f(other) is False, other
+    for bad in (None, 3.5, object(), [0]):
+        with pytest.raises(TypeError):
+            f(bad)
+    # The CUDA rule, with a faked device query: 7.x is refused, 8.0 and newer accepted.
+    if torch.cuda.is_available():
+        major, _ = torch.cuda.get_device_capability()
+        assert f("cuda") is (major >= 8)
+        assert f(torch.empty(1, device="cuda")) is (major >= 8)
+    else:
+        assert f("cuda") is False and f(torch.device("cuda", 0)) is False  # no CUDA here: not supported
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, want in (((7, 5), False), ((7, 0), False), ((8, 0), True), ((8, 9), True), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        for dev in ("cuda", "cuda:0", torch.device("cuda", 1)):
+            assert f(dev) is want, (capability, dev)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert f("cpu") is True and f("meta") is False  # the CUDA query does not leak into other devices
 
 
 def test_btc_equals_packed_bitwise_and_1sc_equals_sc():

@@ -3,7 +3,10 @@
 Written against SPEC section 6 with the workspace entry points (no allocation inside the graph).
 The caller owns the static buffers: ``y``, ``dx`` and the workspace (which holds dweight and
 dbias) are overwritten by every replay, so a caller that keeps a replay's gradients clones them
-before the next replay -- the test does exactly that and checks the clones survive. A new
+before the next replay. The test checks that the four outputs occupy disjoint memory, that every
+later replay really rewrites each static buffer (new data: the values differ from the first
+replay's eager results), and that the first replay's clones still equal the first replay's eager
+results after those rewrites. A new
 document layout with the same number of cu_seqlens entries is copied into the captured cu_seqlens
 tensor and replayed without re-capture (the kernels read the boundaries from the device; the
 host-side checks of the values ran at capture time, on the first layout).
@@ -52,7 +55,15 @@ def test_single_rank_graph_replay_matches_eager():
     with torch.cuda.graph(graph):
         _, dw_s, db_s = step()
 
-    kept = []
+    # The static buffers the graph writes: y, dx, and dweight/dbias (views into the workspace).
+    static = {"y": y_s, "dx": dx_s, "dweight": dw_s, "dbias": db_s}
+    spans = {k: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for k, t in static.items()}
+    for a in spans:  # no two outputs share memory: one replay's dweight cannot overwrite its dbias, dx or y
+        for c in spans:
+            if a < c:
+                assert spans[a][1] <= spans[c][0] or spans[c][1] <= spans[a][0], f"{a} and {c} overlap"
+
+    first_kept = first_eager = None
     for seed in (1, 2, 3):
         if seed == 3:  # a new document layout (same number of entries) copied into the captured cu
             cu.copy_(torch.tensor([0, 999, 1000, 50000, S], dtype=torch.int32, device="cuda"))
@@ -63,9 +74,20 @@ def test_single_rank_graph_replay_matches_eager():
         torch.cuda.synchronize()
         y_e = cake_causal_conv1d_det_train_forward(x, w, b, cu)
         dx_e, dw_e, db_e = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
-        assert torch.equal(y_s, y_e) and torch.equal(dx_s, dx_e)
-        assert torch.equal(dw_s, dw_e) and torch.equal(db_s, db_e)
-        kept.append((dx_s.clone(), dw_s.clone(), db_s.clone(), dx_e, dw_e, db_e))
-    # The clones of the first replay's gradients survived the later replays.
-    first = kept[0]
-    assert torch.equal(first[0], first[3]) and torch.equal(first[1], first[4]) and torch.equal(first[2], first[5])
+        eager = {"y": y_e, "dx": dx_e, "dweight": dw_e, "dbias": db_e}
+        for k in static:
+            assert torch.equal(static[k], eager[k]), f"replay {seed}: {k} differs from eager"
+        if seed == 1:
+            # What a caller keeps of this replay (SPEC 6: "replays must not corrupt gradients of an
+            # earlier replay still in use"): clones, made before the next replay.
+            first_kept = {k: t.clone() for k, t in static.items()}
+            first_eager = eager
+        else:
+            # This replay rewrote every static buffer (new data) ...
+            for k in static:
+                assert not torch.equal(static[k], first_eager[k]), f"replay {seed} did not rewrite {k}"
+            # ... and the first replay's kept results are still the first replay's (a keep that
+            # aliased a static buffer would now hold this replay's values).
+            for k in static:
+                assert torch.equal(first_kept[k], first_eager[k]), f"replay {seed} changed the first replay's kept {k}"
+                assert first_kept[k].data_ptr() != static[k].data_ptr()

@@ -292,7 +292,7 @@ def sigmoid_f32(p):
     On the GPU: ``ex2.approx.ftz`` and ``rcp.approx.ftz`` (two MUFU instructions; relative error
     ~2^-22, far below bf16's 2^-8 and within the FP32 tolerances of the gradients), instead of
     ``exp`` with denormal handling and an IEEE divide: 14 instead of 25 instructions per element in
-    the forward loop (SASS, benchmarks/NOTES.md). Deterministic: the same instructions give the
+    the forward loop (counted in the SASS on the H200). Deterministic: the same instructions give the
     same bits on the same GPU. Under the CPU interpreter: the exact formula.
     """
     if INTERPRET:

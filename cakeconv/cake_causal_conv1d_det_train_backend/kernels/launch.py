@@ -20,8 +20,8 @@ Triton's specialization:
   The fast path passes the addresses as integers;
 - constexprs and the launch options (warps, register cap): in the key as values.
 
-``tests/test_specialization.py`` records the launches of every launcher (``record_launches``) and
-checks on the CPU, with Triton's own specialization code for sm_90, that equal keys mean equal
+The package's tests record the launches of every launcher (``record_launches``) and check on
+the CPU, with Triton's own specialization code for sm_90, that equal keys mean equal
 specializations and that every recorded launch compiles.
 """
 
@@ -110,7 +110,7 @@ class Kernel:
     (``scalars``), then its constexprs (``constants``), in that order, as every kernel of this
     package declares them; ``warps`` and ``maxnreg`` are the launch options (FP contraction is
     always off). ``dtypes``: a tuple that determines every pointer's dtype given the constants
-    (the launcher's knowledge, e.g. y has x's dtype; tests/test_specialization.py checks it).
+    (the launcher's knowledge, e.g. y has x's dtype; the specialization tests check it).
 
     The compiled kernel is cached under (device, dtypes, constants, options) when
     every pointer is 16-byte aligned (module docstring) and launched directly with the pointers

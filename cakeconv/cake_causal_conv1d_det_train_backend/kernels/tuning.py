@@ -53,8 +53,8 @@ def launch_options(cfg: FwdConfig | BwdConfig) -> dict:
     return {} if cfg.maxnreg is None else {"maxnreg": cfg.maxnreg}
 
 
-# Every configuration a heuristic below may return, and the candidates of benchmarks/tools/sweep_configs.py
-# (the losers of earlier sweeps are dropped; benchmarks/NOTES.md keeps their figures).
+# Every configuration a heuristic below may return, and the candidates of the configuration sweeps
+# (the losers of earlier sweeps on the H200 are dropped).
 FWD_CONFIGS = (
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=3, maxnreg=128),
     FwdConfig(R=8, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128),
@@ -91,7 +91,7 @@ _BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_br
 
 def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
     """Forward configuration for C channels: the fastest of FWD_CONFIGS in the H200 sweep
-    (benchmarks/NOTES.md, forward v6) at the nearest measured C."""
+    at the nearest measured C."""
     if interpret:
         return FWD_INTERPRET
     if C <= 512:
@@ -105,7 +105,7 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
 
 def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = False) -> BwdConfig:
     """Backward configuration for C channels (and whether there is a bias): the fastest of
-    BWD_CONFIGS in the H200 runs (benchmarks/NOTES.md, backward v6-v10)."""
+    BWD_CONFIGS in the H200 runs."""
     if interpret:
         return BWD_INTERPRET
     if C <= 64:
