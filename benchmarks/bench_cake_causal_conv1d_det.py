@@ -772,10 +772,10 @@ class BaselineProvider(Provider):
         return self._op(x, w, b)
 
     def callable_for(self, pass_, sh, use_bias):
-        raise NotImplementedError("baselines are timed only in the eager loop and the host cost")
+        raise RuntimeError(f"the {self.name} baseline is timed only in the eager loop and the host cost")
 
     def outputs(self, sh, use_bias):
-        raise NotImplementedError
+        raise RuntimeError(f"the {self.name} baseline computes no convolution to check")
 
 
 def load_providers(torch, names, cakeconv, backend, cuda: bool, notes: list):
