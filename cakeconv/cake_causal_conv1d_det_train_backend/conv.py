@@ -29,6 +29,7 @@ the same code (rungs 1 and the same checks), so eager and compiled results are b
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -80,22 +81,16 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
-class _on_device:
-    """Make x's GPU the current device for a launch (Triton launches on the current device)."""
+_SAME_DEVICE = contextlib.nullcontext()
 
-    __slots__ = ("index", "previous")
 
-    def __init__(self, t: Tensor):
-        self.index = t.get_device()
-
-    def __enter__(self):
-        self.previous = torch.cuda.current_device()
-        if self.previous != self.index:
-            torch.cuda.set_device(self.index)
-
-    def __exit__(self, *exc):
-        if self.previous != self.index:
-            torch.cuda.set_device(self.previous)
+def _device_of(t: Tensor):
+    """A context that makes t's GPU current for a launch (Triton launches on the current device);
+    a no-op when it already is, or for a CPU tensor (the interpreter)."""
+    index = t.get_device()
+    if index < 0 or index == torch.cuda.current_device():
+        return _SAME_DEVICE
+    return torch.cuda.device(index)
 
 
 def _forward(p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], y: Tensor) -> None:
@@ -106,10 +101,7 @@ def _forward(p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor
     y_SC = _rows_out(y, p.S, p.C)
     w_CW, b_C = _contiguous(weight), _contiguous(bias)
     if p.backend == "triton":
-        if x_SC.is_cuda:
-            with _on_device(x_SC):
-                triton_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, y_SC)
-        else:
+        with _device_of(x_SC):
             triton_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, y_SC)
     else:
         reference_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, out_SC=y_SC)
@@ -136,10 +128,7 @@ def _backward(p: checks.Problem, dy: Tensor, x: Tensor, weight: Tensor, bias: Op
     if p.backend == "triton":
         if ws_F is None:
             ws_F = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=x.device)
-        if x_SC.is_cuda:
-            with _on_device(x_SC):
-                triton_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, dx_SC, ws_F, dw_CW, db_C)
-        else:
+        with _device_of(x_SC):
             triton_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, dx_SC, ws_F, dw_CW, db_C)
     else:
         dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len)
@@ -300,9 +289,9 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
         checks.check_like("dx", dx, x.shape, x.dtype, x.device)
     C = x.shape[-1]
     S = x.numel() // C if C else 0
-    nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)
     n_ws = backward_workspace_floats(S, C)
     if workspace is not None:
+        nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)
         if not compiling:
             _check_workspace(workspace, nbytes, x.device)
         ws_F = workspace.view(-1).view(torch.uint8)[:nbytes].view(torch.float32)

@@ -6,7 +6,7 @@
 - ``ops.py``       the programs, the autograd Functions, the custom ops, the recompute handle
 """
 
-from .ops import (
+from .ops import (  # noqa: F401
     CakeCausalConv1dDetFunctionKcp,
     CakeCausalConv1dDetMultiFunctionKcp,
     RecomputeHandleDetKcp,
@@ -16,12 +16,4 @@ from .ops import (
     cake_causal_conv1d_det_multi_forward_kcp,
 )
 
-__all__ = [
-    "cake_causal_conv1d_det_forward_kcp",
-    "cake_causal_conv1d_det_backward_kcp",
-    "cake_causal_conv1d_det_multi_forward_kcp",
-    "cake_causal_conv1d_det_multi_backward_kcp",
-    "CakeCausalConv1dDetFunctionKcp",
-    "CakeCausalConv1dDetMultiFunctionKcp",
-    "RecomputeHandleDetKcp",
-]
+from .ops import __all__  # noqa: F401  (the names above, listed once in ops.py)
