@@ -41,7 +41,13 @@ def _worker(rank: int, fn, world_size: int, tmp_dir: str, pg_timeout_s: float, a
         timeout=datetime.timedelta(seconds=pg_timeout_s),
     )
     try:
-        result = fn(rank, world_size, *args)
+        if os.environ.get("TRITON_INTERPRET") == "1":  # tier 2: interpreted kernels stay in bounds
+            from tests.interpreter_bounds import checked_memory
+
+            with checked_memory():
+                result = fn(rank, world_size, *args)
+        else:
+            result = fn(rank, world_size, *args)
         with open(os.path.join(tmp_dir, f"result_{rank}.pkl"), "wb") as f:
             pickle.dump(result, f)
         # Nobody leaves while a peer may still be talking to it.

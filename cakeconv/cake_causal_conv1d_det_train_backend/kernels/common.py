@@ -119,8 +119,9 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
     """(d, start, end) of the segment holding each row t ([R] int32), searched in seg's d_lo..d_hi.
 
     FEW (the program touches at most FEW_SEGMENTS segments): compares with the boundaries c_j that
-    segment_window loaded, no loads here; else a binary search over cu. Rows at or past S get
-    d = N and start = S (nothing of theirs is read or written).
+    segment_window loaded, no loads here; else a binary search over cu. Rows at or past S are
+    placed in the last segment searched (d_hi); nothing of theirs is stored, and halo_tap reads
+    no halo row for them outside the halo buffers.
     """
     d_lo, d_hi, n_iter, c0, c1, c2, c3, c4 = seg
     if HAS_CU:
@@ -222,11 +223,13 @@ def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.cons
     """Tap value: ``a`` where the tapped row is inside the row's segment (``inside`` [R] bool).
 
     Outside it reads zero, or, when HAS_HALO (KCP), the halo row ``halo[d, j]`` ([N, 3, C]
-    buffer, zero rows where the segment's document has no such row).
+    buffer, zero rows where the segment's document has no such row). Only d in [0, N) and j in
+    [0, 3) are read: a row of its segment never asks for more, but rows at or past S (the padding
+    lanes of a row-list program read as row S) are placed in the last segment and would.
     """
     if HAS_HALO:
         hrow = (d * 3 + j).to(tl.int64)
-        hm = ((~inside) & (d < n_seg))[:, None] & cmask[None, :]
+        hm = ((~inside) & (d >= 0) & (d < n_seg) & (j >= 0) & (j < 3))[:, None] & cmask[None, :]
         h = tl.load(halo_ptr + hrow[:, None] * C + cols[None, :], mask=hm, other=0.0).to(tl.float32)
         return tl.where(inside[:, None], a, h)
     else:
