@@ -38,16 +38,22 @@ What ends rank 0 (the governing timeout is the ``timeout`` given to init_process
         synchronizing call; the ProcessGroupNCCL watchdog finds the point-to-point work past the
         timeout ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=.., OpType=COALESCED,
         ..., Timeout(ms)=20000) ran for 20025 milliseconds", with the stack of the call that issued
-        it: start_exchange, _backward_program), waits up to 60 s for its debug dump, then "To avoid
-        data inconsistency, we are taking the entire process down" (SIGABRT, exit status -6).
-        Seen on 2 H200s, torch 2.11, NCCL 2.28.9: ended 82 s after rank 1 failed (timeout 20 s).
+        it: start_exchange, _backward_program), then, with the flight recorder's debug dump on
+        (torch's default), waits up to TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC (60 s) for the dump, then
+        "To avoid data inconsistency, we are taking the entire process down" (SIGABRT, exit status
+        -6). Seen on 2 H200s, torch 2.11, NCCL 2.28.9: every scenario's rank 0 ended 82-86 s after
+        rank 1 failed (timeout 20 s; the log shows the 60 s dump wait). With
+        TORCH_NCCL_DUMP_ON_TIMEOUT=0 (tried once, as a scenario field: SCENARIOS' last element)
+        rank 0 was still running 60 s after the failure: the watchdog reported the timeout and did
+        not end the process, so every scenario keeps torch's default.
   NCCL, the group's first call: NCCL sets up a pair's point-to-point connection on the host, at
         the pair's first exchange (inside ncclGroupEnd), and that needs the peer. Before
         build_kcp_context connected the pairs itself (commit d1258cc: one tiny exchange per direction
         after its all-rank check), rank 0 blocked there with no work queued, so the watchdog had
         nothing to time out: seen on 2 H200s still blocked 140 s after rank 1 failed (timeout 20 s),
-        also when rank 1's process was gone. The first_call scenarios guard that fix; they should
-        now end like the later_call ones (not yet run on the GPUs with the fix).
+        also when rank 1's process was gone. The first_call scenarios guard that fix: on the H200s
+        they now end like the later_call ones (rank 0's watchdog times out the exchange; its host
+        was inside CUDA's lazy loading of the forward kernel, behind the exchange).
 
 Usage: ``python tests/multigpu/kcp_failure.py [--timeout S] [--margin S] [--startup S] [--only a,b]``.
 """
@@ -73,12 +79,16 @@ for _var, _val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST
 WORLD = 2
 FAILING_RANK = 1
 SCENARIOS = {
-    # name: (phase, how, failing rank's process exits, a good step first)
-    "first_call_bad_input_stays": ("forward", "bad_input", False, False),
-    "first_call_bad_input_exits": ("forward", "bad_input", True, False),
-    "later_call_bad_input_stays": ("forward", "bad_input", False, True),
-    "later_call_kernel_failure_exits": ("backward", "kernel", True, True),
+    # name: (phase, how, failing rank's process exits, a good step first, NCCL's debug dump on timeout)
+    "first_call_bad_input_stays": ("forward", "bad_input", False, False, True),
+    "first_call_bad_input_exits": ("forward", "bad_input", True, False, True),
+    "later_call_bad_input_stays": ("forward", "bad_input", False, True, True),
+    "later_call_kernel_failure_exits": ("backward", "kernel", True, True, True),
 }
+# NCCL only: how long the watchdog waits for its debug dump before it ends the process when the
+# dump is on (torch's default; TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC, 60 s in torch 2.11). A scenario
+# whose last field is False runs with TORCH_NCCL_DUMP_ON_TIMEOUT=0 (none does: module docstring).
+DUMP_WAIT_S = 60.0
 CAUSE = {"bad_input": "x_local has", "kernel": "simulated kernel failure"}
 
 
@@ -124,7 +134,7 @@ def worker(scenario: str, out_dir: str, backend: str, timeout_s: float) -> None:
 
     from cakeconv import build_kcp_context, cake_causal_conv1d_det_kcp
 
-    phase, how, exits, warm = SCENARIOS[scenario]
+    phase, how, exits, warm, _dump = SCENARIOS[scenario]
     rank = int(os.environ["RANK"])
     # If this rank is still running well past the timeout, print where every thread is.
     faulthandler.dump_traceback_later(timeout_s + 25, exit=False)
@@ -221,8 +231,9 @@ def run_scenarios(names=None, *, backend=None, timeout_s=None, margin_s=None, st
 
     backend: "nccl" (needs 2 GPUs) or "gloo"; default nccl when CUDA is available.
     timeout_s: the process groups' timeout (default 20 s on NCCL, 10 s on gloo).
-    margin_s: how long past timeout_s a blocked rank may take to end (default 90 s on NCCL: the
-        watchdog waits up to 60 s for its debug dump before it ends the process; 20 s on gloo).
+    margin_s: how long past timeout_s a blocked rank may take to end (default 30 s on NCCL, plus
+        DUMP_WAIT_S where the debug dump is on, since the watchdog waits for it before it ends the
+        process: 90 s; 20 s on gloo).
     startup_s: allowance for start-up, process-group set-up and the kernels' first compile before
         the failing call (default 240 s on NCCL, 120 s on gloo). A scenario whose ranks are still
         running past its deadline (failure + timeout + margin + 10 s) is killed and fails.
@@ -232,7 +243,11 @@ def run_scenarios(names=None, *, backend=None, timeout_s=None, margin_s=None, st
 
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= WORLD else "gloo"
     timeout_s = timeout_s if timeout_s is not None else (20.0 if backend == "nccl" else 10.0)
-    margin_s = margin_s if margin_s is not None else (90.0 if backend == "nccl" else 20.0)
+    base_margin = margin_s if margin_s is not None else (30.0 if backend == "nccl" else 20.0)
+
+    def margin_of(name):
+        return base_margin + (DUMP_WAIT_S if backend == "nccl" and SCENARIOS[name][4] else 0.0)
+
     startup_s = startup_s if startup_s is not None else (240.0 if backend == "nccl" else 120.0)
     names = list(names or SCENARIOS)
     root = tempfile.mkdtemp(prefix="cakeconv_kcp_failure_")
@@ -246,6 +261,8 @@ def run_scenarios(names=None, *, backend=None, timeout_s=None, margin_s=None, st
         for rank in range(WORLD):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            if not SCENARIOS[name][4]:
+                env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "0"
             err = open(os.path.join(d, f"stderr_{rank}.txt"), "w")
             out = open(os.path.join(d, f"stdout_{rank}.txt"), "w")
             p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", name, "--dir", d,
@@ -253,12 +270,13 @@ def run_scenarios(names=None, *, backend=None, timeout_s=None, margin_s=None, st
                                  env=env, stdout=out, stderr=err)
             procs.append((p, out, err))
         runs[name] = {"dir": d, "procs": procs, "end": [None] * WORLD}
+    name_of = {id(run): name for name, run in runs.items()}
 
     def deadline(run):
         """launch + startup_s until rank FAILING_RANK has failed; then its failure + timeout + margin + 10 s."""
         failed = _read(os.path.join(run["dir"], f"result_{FAILING_RANK}.json"))
         if failed and failed.get("status") == "error":
-            return failed["t"] + timeout_s + margin_s + 10.0
+            return failed["t"] + timeout_s + margin_of(name_of[id(run)]) + 10.0
         return t_launch + startup_s
 
     while True:
@@ -297,7 +315,8 @@ def run_scenarios(names=None, *, backend=None, timeout_s=None, margin_s=None, st
 
     reports = {}
     for name, run in runs.items():
-        phase, how, exits, warm = SCENARIOS[name]
+        phase, how, exits, warm, dump = SCENARIOS[name]
+        margin = margin_of(name)
         d = run["dir"]
         problems = []
         ranks = []
@@ -332,16 +351,18 @@ def run_scenarios(names=None, *, backend=None, timeout_s=None, margin_s=None, st
             if rank == FAILING_RANK:
                 if CAUSE[how] not in (seen or "") + stderr:
                     problems.append(f"rank {rank}'s error does not name the cause ({CAUSE[how]!r})")
-            elif after is not None and after > timeout_s + margin_s:
+            elif after is not None and after > timeout_s + margin:
                 problems.append(f"rank {rank} saw its error {after:.1f} s after rank {FAILING_RANK} failed, more than "
-                                f"the timeout {timeout_s:g} s + margin {margin_s:g} s")
+                                f"the timeout {timeout_s:g} s + margin {margin:g} s")
         if not problems:
             shutil.rmtree(d, ignore_errors=True)
         reports[name] = {"ok": not problems, "problems": problems, "ranks": ranks, "backend": backend,
-                         "timeout_s": timeout_s, "dir": d}
+                         "timeout_s": timeout_s, "margin_s": margin, "dir": d}
         if verbose:
-            print(f"--- {name} ({backend}, process-group timeout {timeout_s:g} s): {'PASS' if not problems else 'FAIL'}",
-                  flush=True)
+            dump_txt = ("" if backend != "nccl" else ", NCCL debug dump on timeout" if dump
+                        else ", TORCH_NCCL_DUMP_ON_TIMEOUT=0")
+            print(f"--- {name} ({backend}, process-group timeout {timeout_s:g} s, margin {margin:g} s{dump_txt}): "
+                  f"{'PASS' if not problems else 'FAIL'}", flush=True)
             for info in ranks:
                 print(f"  rank {info['rank']}: exit status {info['exit']}; after rank {FAILING_RANK}'s failure: error raised "
                       f"{info['error_after_s']} s, process ended {info['exit_after_s']} s; error: {info['error']}", flush=True)
