@@ -962,7 +962,62 @@ def write_outputs(rows, env, out_dir, table_text) -> list[str]:
             wr.writerow({k: r.get(k) for k in CSV_FIELDS})
     with open(stem + "_table.txt", "w") as f:
         f.write(table_text + "\n")
-    return [stem + ".jsonl", stem + ".csv", stem + "_table.txt"]
+    paths = [stem + ".jsonl", stem + ".csv", stem + "_table.txt"]
+    png = plot(rows, env, stem + ".png")
+    return paths + ([png] if png else [])
+
+
+def plot(rows, env, path) -> str | None:
+    """PNG: per layout and form, the KCP overhead over the local op in GPU time and in the eager loop
+    (percent; SPEC 7's targets 3% and 5% drawn), and the host-cost ratio (target 1.5x). Returns the
+    path, or None when matplotlib is missing (the table and JSON lines carry the same figures)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        log(f"plot skipped: matplotlib did not import ({exc})")
+        return None
+    panels = [("overhead_pct", "GPU time: KCP / local - 1 (%)", 3.0),
+              ("eager_overhead_pct", "eager loop: KCP / local - 1 (%)", 5.0),
+              ("host_chain_ratio", "host cost per call: KCP / local (x)", 1.5)]
+    forms = sorted({r["form"] for r in rows})
+    layouts = list(dict.fromkeys(r["layout"] for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    width = 0.8 / max(1, len(forms))
+    for ax, (key, title, target) in zip(axes, panels):
+        for j, form in enumerate(forms):
+            vals = [next((r.get(key) for r in rows if r["layout"] == lay and r["form"] == form), None) or 0.0
+                    for lay in layouts]
+            ax.bar([i + j * width for i in range(len(layouts))], vals, width, label=form)
+        ax.axhline(target, color="k", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_xticks([i + width * (len(forms) - 1) / 2 for i in range(len(layouts))])
+        ax.set_xticklabels(layouts, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+    r0 = rows[0] if rows else {}
+    fig.suptitle(f"KCP vs the local op, slowest rank | {env.get('gpu')} x{env.get('world_size')} "
+                 f"({env.get('process_group')}) | T={r0.get('T')} S_local={r0.get('S_local')} C={r0.get('C')} | "
+                 f"{str(env.get('date', ''))[:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def replot(jsonl_path: str) -> str | None:
+    """Redraw the PNG of a finished run from its JSON lines (beside it)."""
+    env, rows = {}, []
+    with open(jsonl_path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                if r.get("kind") == "env":
+                    env = r
+                elif r.get("kind") == "timing":
+                    rows.append(r)
+    return plot(rows, env, os.path.splitext(jsonl_path)[0] + ".png")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1021,6 +1076,12 @@ def run(argv=None) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--replot"]:  # --replot RUN.jsonl: the PNG of a finished run, no GPU needed
+        if len(argv) != 2:
+            raise ValueError("usage: bench_cake_causal_conv1d_det_kcp.py --replot RUN.jsonl")
+        print(replot(argv[1]))
+        return 0
     rows = run(argv)
     return 0 if all(r["bitwise"] for r in rows) else 1
 
