@@ -7,7 +7,8 @@ About a minute on one H200 at the defaults (most of it Triton compiling and auto
 What it does:
 
 1. builds a ``GatedDeltaNetForCausalLM`` from ``fla.models`` (hidden 256, 2 layers, 4 heads of 64,
-   vocabulary 1000, bf16) and a deep copy of it, and calls ``swap_short_convolutions`` on the copy:
+   vocabulary 1000, bf16; ``--model delta_net``: a ``DeltaNetForCausalLM``, see below) and a deep
+   copy of it, and calls ``swap_short_convolutions`` on the copy:
    its 6 ``ShortConvolution`` modules (q, k, v of each layer) now run cakeconv's deterministic op on
    the training path; the other is left as FLA ships it;
 2. trains both with AdamW on the same packed batches: ``--tokens`` tokens per step in documents of
@@ -16,6 +17,12 @@ What it does:
 3. alternates the two models step by step (which one goes first alternates too), times each
    training step (forward, backward, optimizer step; ``torch.cuda.synchronize`` on both sides),
    and prints the losses and step times; the first ``--warmup`` steps are left out of the times.
+
+``--model auto`` (the default) takes GatedDeltaNet when FLA runs its backward on this GPU, else
+DeltaNet: FLA 0.6.0 refuses GatedDeltaNet's backward on Hopper GPUs with Triton >= 3.4 and < 3.7.1
+("produces incorrect results for gated chunk_bwd_dqkwg", its issue #640) unless tilelang is
+installed, with or without cakeconv. DeltaNet holds its q, k and v ``ShortConvolution`` modules the
+same way, and its backward does not use that kernel.
 
 The two loss curves track each other (they differ only by the last bits of the convolutions'
 outputs, which bf16 training then carries along). The output goes to the terminal and to
@@ -59,6 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--print-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help="default cuda (flash-linear-attention's kernels need a GPU)")
+    p.add_argument("--model", default="auto", choices=("auto", "gated_deltanet", "delta_net"),
+                   help="auto: gated_deltanet when FLA runs its backward on this GPU, else delta_net")
     return p.parse_args(argv)
 
 
@@ -101,6 +110,37 @@ def make_batch(S, V, succ_VK, gen, device):
     return ids[None].to(device), labels[None].to(device), cu.to(torch.int32).to(device)
 
 
+def gated_backward_refusal(device):
+    """FLA's error message if it refuses GatedDeltaNet's backward on this device, else None."""
+    from fla.layers import GatedDeltaNet
+
+    layer = GatedDeltaNet(hidden_size=128, head_dim=64, num_heads=2, mode="chunk", layer_idx=0)
+    layer = layer.to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(1, 64, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+    try:
+        layer(x)[0].float().sum().backward()
+    except RuntimeError as error:
+        if "chunk_bwd_dqkwg" in str(error):
+            return str(error)
+        raise
+    return None
+
+
+def build_model(name, args, device):
+    """(model, description): a small FLA causal LM of the family ``name``, bf16, on ``device``."""
+    from fla.models import DeltaNetConfig, DeltaNetForCausalLM, GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+
+    common = dict(hidden_size=args.hidden, num_hidden_layers=args.layers, vocab_size=args.vocab,
+                  num_heads=args.hidden // 64, attn_mode="chunk", max_position_embeddings=4096)
+    if name == "gated_deltanet":
+        config, cls = GatedDeltaNetConfig(head_dim=64, expand_v=2.0, **common), GatedDeltaNetForCausalLM
+    else:
+        config, cls = DeltaNetConfig(**common), DeltaNetForCausalLM
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(config).to(device=device, dtype=torch.bfloat16), cls.__name__
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -115,7 +155,7 @@ def main(argv=None):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             import fla
-            from fla.models import GatedDeltaNetConfig, GatedDeltaNetForCausalLM
+            import fla.models  # noqa: F401
     except ImportError as error:
         sys.exit(f"train_fla_model.py needs flash-linear-attention 0.6.0: {error}")
     import triton
@@ -128,13 +168,15 @@ def main(argv=None):
     log(f"# steps {args.steps}, S = {args.tokens} tokens per step, hidden {args.hidden}, {args.layers} layers, "
         f"V = {args.vocab}, AdamW lr {args.lr}, bf16; times leave out the first {args.warmup} steps")
 
-    config = GatedDeltaNetConfig(hidden_size=args.hidden, num_hidden_layers=args.layers, vocab_size=args.vocab,
-                                 num_heads=args.hidden // 64, head_dim=64, expand_v=2.0, attn_mode="chunk",
-                                 max_position_embeddings=4096)
+    name = args.model
+    if name == "auto":
+        refusal = gated_backward_refusal(device)
+        name = "gated_deltanet" if refusal is None else "delta_net"
+        if refusal is not None:
+            log(f"# --model auto: DeltaNet, since FLA refuses GatedDeltaNet's backward here: {refusal}")
     torch.manual_seed(args.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fla_model = GatedDeltaNetForCausalLM(config).to(device=device, dtype=torch.bfloat16)
+    fla_model, model_name = build_model(name, args, device)
+    log(f"# model: {model_name}")
     cake_model = copy.deepcopy(fla_model)
     swapped = swap_short_convolutions(cake_model)
     log(f"# swap_short_convolutions: {swapped} ShortConvolution modules now run cakeconv "
@@ -192,7 +234,7 @@ def main(argv=None):
     log(f"# cakeconv / fla median step time: {median['cakeconv'] / median['fla']:.3f} "
         f"({(median['cakeconv'] / median['fla'] - 1) * 100:+.1f}%)")
     with open(os.path.join(args.out, "train_fla_model.json"), "w") as f:
-        json.dump({"args": vars(args), "device": device_name, "swapped": swapped,
+        json.dump({"args": vars(args), "model": model_name, "device": device_name, "swapped": swapped,
                    "losses": losses, "step_ms": times_ms, "median_ms": median, "mean_ms": mean}, f)
     return 0
 
