@@ -15,6 +15,7 @@
 #              seed, uniform 1-8 / 1-64 / 1-1024, all length 1 (MIXES) x S=250340, C=128,256,512,2048 (MIX_ROWS) -> mixes.tgz
 #   fla        issue 18: the FLA drop-in's GPU tests and examples/train_fla_model.py (carry .fla)   -> fla.tgz
 #   multigpu   the multi-GPU test tier, tests/multigpu/run.sh NGPU                                  -> multigpu.log
+#   e.g. issues 15 and 18 on two H200s, each step alone:  bash benchmarks/device_run.sh gputestsx multigpu fla  (carry .fla)
 #   kcpbench   torchrun on NGPU (2) GPUs: the KCP benchmark, every layout, the seed workload (S_local = 65536/NGPU) and
 #              --tokens 65536*NGPU (S_local = 65536): GPU time, eager loop, host cost, bitwise    -> kcpbench.tgz
 #   e.g. one H200:   bash benchmarks/device_run.sh daobuild warmbg hostcost mixes            (carry .fla)
@@ -136,8 +137,10 @@ for step in "$@"; do
     gpumodule) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_module.log" | tail -8 ;;
     gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
-    gputestsx) # every GPU test, 8 pytest-xdist workers (compiles in parallel; 14 ran the GPU out of memory)
-         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n ${XDIST:-8} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+    gputestsx) # every GPU test, 6 pytest-xdist workers (compiles in parallel; 14 ran the GPU out of memory, and 8
+         # one test, session 7); run it alone: beside other jobs it ran 2-3x slower (session 8)
+         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n ${XDIST:-6} --ignore=tests/multigpu \
+           --ignore=tests/test_integrations_fla.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     ab)  # the tuner's picks of each code version in .variants/<name> (git archives; carry .variants), then this tree
          for v in $(ls .variants 2>/dev/null) this; do
            if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
