@@ -3,10 +3,11 @@
 Every tier-2 test runs under ``tests.interpreter_bounds.checked_memory`` (conftest fixture; the
 KCP ranks of tests/kcp/_dist.py too), so a load or store past a buffer fails the test instead of
 reading a neighbour's bytes, as the interpreter otherwise would. This module shows that the
-checker can fail, and runs the KCP row-list kernels over the rank plans of every layout: their
-padding lanes (list positions past the list read as row S) once read the look-ahead halo one
-segment past its end, an illegal memory access on the H200s (2 ranks, zigzag_per_document,
-S_local = 65,538, C = 4,096) that every CPU tier passed.
+checker can fail, runs the launch cases of tests/launch_cases.py (integer arguments at 1, at
+multiples of 16 and at ordinary values) and the KCP row-list kernels over the rank plans of every
+layout under it. The row-list kernels' padding lanes (list positions past the list read as row
+S) once read the look-ahead halo one segment past its end, an illegal memory access on the H200s
+(2 ranks, zigzag_per_document, S_local = 65,538, C = 4,096) that every CPU tier passed.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ import torch
 import triton
 import triton.language as tl
 
+from cakeconv import cake_causal_conv1d_det
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import build_rank_plans, layout_fragments
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.launch import (
     triton_dx_rows,
     triton_forward_rows,
     triton_head_g,
 )
+from tests import launch_cases
+from tests.helpers import TOLERANCES, rel_err
 from tests.interpreter_bounds import OutOfBounds, checked_memory
 
 pytestmark = pytest.mark.interpret
@@ -100,3 +105,47 @@ def test_kcp_row_list_kernels_stay_inside_their_buffers(P):
                                        torch.empty_like(x_SC))
                 checked += 1
     assert checked >= 6 * P
+
+
+# The launch cases of tests/launch_cases.py (every integer argument at 1, at multiples of 16 and at
+# ordinary values), interpreted under the checker: the sizes where a mask is most likely off by one.
+# Only the cases of at most 24 channels and 2**14 elements: the others take 20 s to 3 min each in the
+# interpreter (CI's budget); the GPU test tests/test_gpu_specialization.py runs them all.
+SMALL_SINGLE = [n for n, (S, C, *_rest) in launch_cases.SINGLE_CASES.items() if C <= 24 and S * C <= 2 ** 14]
+SMALL_KCP = [n for n, (_cu, _frags, C) in launch_cases.KCP_CASES.items() if C <= 24]
+
+
+@pytest.mark.parametrize("name", SMALL_SINGLE)
+def test_single_rank_launch_case_in_bounds_and_matches_reference(name):
+    with checked_memory():
+        got = launch_cases.run_single(name, "cpu", "triton")
+    want = launch_cases.run_single(name, "cpu", "reference")
+    dtype = launch_cases.SINGLE_CASES[name][5]
+    for k in want:
+        tol = TOLERANCES[dtype] if k in ("y", "dx") else 1e-4
+        if got[k].dtype == torch.bfloat16 and k not in ("y", "dx"):
+            tol = TOLERANCES[torch.bfloat16]
+        assert rel_err(got[k], want[k]) < tol, (name, k, rel_err(got[k], want[k]))
+
+
+@pytest.mark.parametrize("name", SMALL_KCP)
+def test_kcp_launch_case_in_bounds_and_bitwise_the_single_rank_op(name):
+    with checked_memory():
+        got = launch_cases.run_kcp(name, "cpu", "triton")
+        cu, fragments, C = launch_cases.KCP_CASES[name]
+        x, dy, w, b = launch_cases._inputs(cu[-1], C, len(fragments), "cpu")
+        leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+        y = cake_causal_conv1d_det(*leaves, cu_seqlens=torch.tensor(cu, dtype=torch.int32), backend="triton")
+        y.backward(dy)
+    idx = got["index"]
+    assert torch.equal(got["y"], y.detach()[idx]), name
+    assert torch.equal(got["dx"], leaves[0].grad[idx]), name
+
+
+@pytest.mark.parametrize("name", list(launch_cases.RANK_CASES))
+def test_kcp_rank_of_several_in_bounds(name):
+    """One rank of a several-rank context (one local segment, 1 or 16 rows), its exchange stood in
+    for (the received rows are not read for their values here: only the addresses are checked)."""
+    with checked_memory(), launch.record_launches(launch=True) as launches:
+        launch_cases.record_kcp_rank(name)
+    assert launches, name

@@ -145,6 +145,9 @@ def _interp_cases(rank, world, seed):
     cu = random_cu_seqlens(rng, 6, 6)
     cu = cu if cu[-1] > 0 else cu + [4]
     n += _check_case(rank, world, cu, None, random_fragments(rng, cu[-1], world), 8, "triton", seed + 1)
+    if world == 2:  # the multi form: column slices of the packed send and receive buffers (bounds-checked)
+        _check_multi(rank, world, _layout_cu(rng, world, "zigzag_per_document", 2), "zigzag_per_document",
+                     "triton", seed + 2)
     return n
 
 
