@@ -1,20 +1,23 @@
 """Compile the Triton kernels of the multi-GPU tier in parallel processes before the tier runs.
 
-Triton compiles a kernel the first time it is launched with a new combination of dtype, bias,
-channel count and integer specialization (an argument equal to 1, or a multiple of 16) -- seconds
-each, one after the other inside a process. The tier's ranks move in lock step, so each would
+Triton compiles a kernel the first time it is launched with a new combination of dtypes and
+constexprs (the configuration for C and bias, the row strides) -- seconds each, one after the
+other inside a process. The tier's ranks move in lock step, so each would
 compile the same kernels at the same time. This script instead runs each kernel family once, in
 separate processes side by side (one GPU process per job, spread over the GPUs), so the compiled
 kernels land in Triton's on-disk cache (``TRITON_CACHE_DIR`` or ``~/.triton/cache``) and the tier
 finds them there. It only warms a cache: it checks nothing, and whatever it misses compiles
 during the tier as before.
 
-Each job runs, on T tokens of a few documents, either the single-rank op forward + backward or a
-1-rank KCP call (no process group; zigzag, so the back half reads the front half's rows through
-the local halo: the KCP row kernels run too; or "kcp1": one document, one segment), for one (dtype, bias, C) the tier uses, with T chosen
-so that the row counts fall in the specialization classes of the tier's calls (multiples of 16, odd
-counts, 1). Usage: ``python tests/multigpu/warm_kernels.py [--procs N]`` (CUDA only; a no-op
-without a GPU).
+Each job runs, on T tokens of a few documents, the single-rank op forward + backward, or KCP
+calls (run_job: a 1-rank context, one document on one rank, each rank of a 2-rank context in turn
+with its messages dropped, the multi form), for one (dtype, bias, C) the tier uses. A compiled
+kernel depends on the pointer dtypes, the constexprs (the configuration picked for C, bias, and
+the row strides) and the launch options, not on the integer arguments (all unspecialized):
+tests/test_warm_coverage.py records both sides on the CPU and checks that the jobs cover every
+kernel a rank of the tier launches.
+
+Usage: ``python tests/multigpu/warm_kernels.py [--procs N]`` (CUDA only; a no-op without a GPU).
 """
 
 from __future__ import annotations
@@ -39,36 +42,92 @@ JOBS = [
     (BF16, False, 512, 32768, "single"), (BF16, False, 512, 16384, "kcp1"),  # issue 15's case
     (BF16, True, 256, 16, "kcp1"), (BF16, True, 256, 1, "kcp1"),             # one segment per rank
     (BF16, True, 8, 4096, "single"), (BF16, True, 8, 4096, "kcp"),         # C = 8
+    # the ranks of a 2-rank context: gathers of received rows, row kernels of each (dtype, bias, C)
+    (BF16, True, 256, 4096, "kcp2"), (FP32, False, 256, 4096, "kcp2"), (BF16, False, 128, 4096, "kcp2"),
+    (BF16, False, 512, 4096, "kcp2"), (BF16, True, 8, 4096, "kcp2"),
+    (BF16, None, None, 4096, "multi2"),  # the multi form (its g rows side by side: their own kernels)
 ]
+MULTI_C = (256, 128, 256)  # the tier's multi form on CUDA (kcp_nccl.py Env.multi_C)
+
+
+class _DroppedMessages:
+    """A stand-in process group for the kind "kcp2": messages go nowhere (the received rows are
+    left as allocated; the kernels run on them all the same, which is all a warm-up needs)."""
+
+    class _Work:
+        def wait(self):
+            return True
+
+    def send(self, tensors, peer, tag):
+        return self._Work()
+
+    recv = send
+
+
+def run_job(job, device, backend="auto") -> None:
+    """One job's forward + backward on ``device`` (module docstring). Kinds: "single" (the
+    single-rank op), "kcp" (a 1-rank zigzag context: local halos), "kcp1" (one document, one
+    segment), "kcp2" (each rank of a 2-rank zigzag context in turn, its messages dropped: the halo
+    gathers that read received rows, and the row kernels, as the tier's ranks run them), "multi2"
+    (the same with the tier's multi form; bias and C of the job unused).
+    ``backend``: the ops' backend ("triton" records the launches on the CPU: tests/test_warm_coverage.py)."""
+    import torch
+
+    from cakeconv import (
+        KcpContext,
+        build_kcp_context,
+        cake_causal_conv1d_det,
+        cake_causal_conv1d_det_kcp,
+        cake_causal_conv1d_det_multi_kcp,
+    )
+    from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import build_rank_plans, layout_fragments
+
+    dtype_name, bias, C, T, kind = job
+    C = C or MULTI_C[0]  # "multi2" has its own channel counts
+    dtype = getattr(torch, dtype_name)
+    cuts = sorted({0, min(3, T), T // 3, min(T, T // 3 + 1), T})
+    cu = torch.tensor(cuts, dtype=torch.int32, device=device)
+    x = torch.randn(T, C, device=device).to(dtype)
+    dy = torch.randn(T, C, device=device).to(dtype)
+    w = torch.randn(C, 4, device=device).requires_grad_(True)
+    b = torch.randn(C, device=device).requires_grad_(True) if bias else None
+    if kind == "single":
+        xs = x.clone().requires_grad_(True)
+        cake_causal_conv1d_det(xs, w, b, cu_seqlens=cu, backend=backend).backward(dy)
+        return
+    if kind in ("kcp2", "multi2"):
+        fragments = layout_fragments(cuts, 2, "zigzag")
+        for plan in build_rank_plans(cuts, fragments):
+            ctx = KcpContext(group=_DroppedMessages(), layout="zigzag", fragments=fragments, global_cu_seqlens=cuts,
+                             device=torch.device(device), plan=plan.to(torch.device(device)))
+            S = ctx.num_local_tokens
+            if kind == "kcp2":
+                xl = x[:S].clone().requires_grad_(True)
+                cake_causal_conv1d_det_kcp(xl, w, ctx, bias=b, backend=backend).backward(dy[:S])
+                continue
+            # the tier's multi form: q, k, v of MULTI_C channels, biases (b, None, b), side by side
+            xs = [torch.randn(S, c, device=device).to(dtype).requires_grad_(True) for c in MULTI_C]
+            ws = [torch.randn(c, 4, device=device) for c in MULTI_C]
+            bs = [torch.randn(c, device=device) if i != 1 else None for i, c in enumerate(MULTI_C)]
+            ys = cake_causal_conv1d_det_multi_kcp(xs, ws, ctx, biases=bs, backend=backend)
+            torch.autograd.backward(ys, [torch.randn_like(y) for y in ys])
+        return
+    if kind == "kcp1":  # one segment (no halo on one rank)
+        ctx = build_kcp_context(torch.tensor([0, T], dtype=torch.int32, device=device), layout="contiguous")
+    else:
+        ctx = build_kcp_context(cu, layout="zigzag")  # no process group: one rank, local halo
+    xl = ctx.shard(x).requires_grad_(True)
+    cake_causal_conv1d_det_kcp(xl, w, ctx, bias=b, backend=backend).backward(ctx.shard(dy))
 
 
 def _job(job, gpu):
     import torch
 
-    from cakeconv import build_kcp_context, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
-
-    dtype_name, bias, C, T, kind = job
     t0 = time.time()
     torch.cuda.set_device(gpu)
-    dev = torch.device("cuda", gpu)
-    dtype = getattr(torch, dtype_name)
-    cuts = sorted({0, min(3, T), T // 3, min(T, T // 3 + 1), T})
-    cu = torch.tensor(cuts, dtype=torch.int32, device=dev)
-    x = torch.randn(T, C, device=dev).to(dtype)
-    dy = torch.randn(T, C, device=dev).to(dtype)
-    w = torch.randn(C, 4, device=dev).requires_grad_(True)
-    b = torch.randn(C, device=dev).requires_grad_(True) if bias else None
-    if kind == "single":
-        xs = x.clone().requires_grad_(True)
-        cake_causal_conv1d_det(xs, w, b, cu_seqlens=cu).backward(dy)
-    else:
-        if kind == "kcp1":  # one segment (no halo on one rank: the row kernels run in the tier)
-            ctx = build_kcp_context(torch.tensor([0, T], dtype=torch.int32, device=dev), layout="contiguous")
-        else:
-            ctx = build_kcp_context(cu, layout="zigzag")  # no process group: one rank, local halo
-        xl = ctx.shard(x).requires_grad_(True)
-        cake_causal_conv1d_det_kcp(xl, w, ctx, bias=b).backward(ctx.shard(dy))
+    run_job(job, torch.device("cuda", gpu))
     torch.cuda.synchronize()
+    dtype_name, bias, C, T, kind = job
     return f"{dtype_name} bias={bias} C={C} T={T} {kind}: {time.time() - t0:.1f} s"
 
 
