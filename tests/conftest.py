@@ -11,8 +11,6 @@ Shape legend: S packed tokens, C channels, N documents.
 """
 
 
-import contextlib
-
 import pytest
 import torch
 
@@ -23,14 +21,13 @@ from tests.helpers import INTERPRET
 def _interpreted_kernels_stay_in_bounds():
     """Tier 2: every load and store of an interpreted kernel must lie inside its tensor arguments
     (tests/interpreter_bounds.py); tests/kcp/_dist.py does the same on each spawned rank."""
-    if INTERPRET:
-        from tests.interpreter_bounds import checked_memory
+    if not INTERPRET:
+        yield
+        return
+    from tests.interpreter_bounds import checked_memory
 
-        with checked_memory():
-            yield
-    else:
-        with contextlib.nullcontext():
-            yield
+    with checked_memory():
+        yield
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,6 +6,8 @@ illegal memory access. ``checked_memory()`` makes it fail: inside the context, e
 the byte range of each tensor argument's storage, and every load and store checks that each of its
 unmasked addresses (every byte of the element) lies inside one of those ranges. A violation raises
 ``OutOfBounds`` naming the kernel, the address and how far it lies from the nearest argument.
+Atomics are not checked (no kernel of this package uses them). Contexts nest (the conftest
+fixture's and a test's own).
 
 Usage (tier 2 only: the interpreter must be on before Triton kernels are imported)::
 
