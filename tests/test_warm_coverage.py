@@ -6,8 +6,8 @@ the other (the tier's time limit). A compiled kernel is identified by the launch
 pointer dtypes, constexprs, launch options; tests/test_specialization.py checks that equal keys
 mean equal compiled kernels). Here both sides are recorded on the CPU without launching: the
 warm-up's jobs, and a rank of each several-rank context shape the tier uses (each (dtype, bias, C)
-class of tests/multigpu/kcp_nccl.py: a document spanning the ranks, zigzag and contiguous, and the
-multi form), at the GPU's configurations. Every key of the second set must be in the first.
+class of tests/multigpu/kcp_nccl.py: a document spanning the ranks, zigzag and contiguous, the
+multi form, and the compile check's multi form of column halves), at the GPU's configurations. Every key of the second set must be in the first.
 
 Shape legend: T tokens, C channels, P ranks.
 """
@@ -65,7 +65,19 @@ def _tier_rank_keys():
         ys = cake_causal_conv1d_det_multi_kcp([p[0].requires_grad_(True) for p in parts], [p[2] for p in parts], ctx,
                                               biases=[p[3] for p in parts], backend="triton")
         torch.autograd.backward(ys, [p[1] for p in parts])
-    return keys | _keys(records)
+    keys |= _keys(records)
+    # the compile check's multi form: the two column halves of one [S, 256] bf16 tensor, no biases
+    whole = torch.randn(S, 256).to(torch.bfloat16).requires_grad_(True)
+    halves = list(whole.split([128, 128], dim=1))
+    dy_halves = list(torch.randn(S, 256).to(torch.bfloat16).split([128, 128], dim=1))  # eager: dy's halves
+    dy_contiguous = [torch.randn(S, 128).to(torch.bfloat16)] * 2  # compiled: contiguous tangents
+    for dys in (dy_halves, dy_contiguous):
+        with launch.record_launches(launch=False) as records:
+            ys = cake_causal_conv1d_det_multi_kcp(halves, [torch.randn(128, 4), torch.randn(128, 4)], ctx,
+                                                  biases=[None, None], backend="triton")
+            torch.autograd.backward(ys, dys)
+        keys |= _keys(records)
+    return keys
 
 
 def test_warm_up_covers_every_kernel_of_the_tiers_ranks(gpu_configs_on_cpu):

@@ -46,8 +46,10 @@ JOBS = [
     (BF16, True, 256, 4096, "kcp2"), (FP32, False, 256, 4096, "kcp2"), (BF16, False, 128, 4096, "kcp2"),
     (BF16, False, 512, 4096, "kcp2"), (BF16, True, 8, 4096, "kcp2"),
     (BF16, None, None, 4096, "multi2"),  # the multi form (its g rows side by side: their own kernels)
+    (BF16, None, None, 4096, "split2"),  # the compile check's multi form (row stride twice the width)
 ]
 MULTI_C = (256, 128, 256)  # the tier's multi form on CUDA (kcp_nccl.py Env.multi_C)
+SPLIT_C = 128  # the compile check's halves of C = 256 (kcp_nccl.py compile)
 
 
 class _DroppedMessages:
@@ -69,7 +71,8 @@ def run_job(job, device, backend="auto") -> None:
     single-rank op), "kcp" (a 1-rank zigzag context: local halos), "kcp1" (one document, one
     segment), "kcp2" (each rank of a 2-rank zigzag context in turn, its messages dropped: the halo
     gathers that read received rows, and the row kernels, as the tier's ranks run them), "multi2"
-    (the same with the tier's multi form; bias and C of the job unused).
+    and "split2" (the same with the multi form of the multi and compile checks; bias and C of the
+    job unused).
     ``backend``: the ops' backend ("triton" records the launches on the CPU: tests/test_warm_coverage.py)."""
     import torch
 
@@ -95,7 +98,7 @@ def run_job(job, device, backend="auto") -> None:
         xs = x.clone().requires_grad_(True)
         cake_causal_conv1d_det(xs, w, b, cu_seqlens=cu, backend=backend).backward(dy)
         return
-    if kind in ("kcp2", "multi2"):
+    if kind in ("kcp2", "multi2", "split2"):
         fragments = layout_fragments(cuts, 2, "zigzag")
         for plan in build_rank_plans(cuts, fragments):
             ctx = KcpContext(group=_DroppedMessages(), layout="zigzag", fragments=fragments, global_cu_seqlens=cuts,
@@ -105,12 +108,19 @@ def run_job(job, device, backend="auto") -> None:
                 xl = x[:S].clone().requires_grad_(True)
                 cake_causal_conv1d_det_kcp(xl, w, ctx, bias=b, backend=backend).backward(dy[:S])
                 continue
-            # the tier's multi form: q, k, v of MULTI_C channels, biases (b, None, b), side by side
-            xs = [torch.randn(S, c, device=device).to(dtype).requires_grad_(True) for c in MULTI_C]
-            ws = [torch.randn(c, 4, device=device) for c in MULTI_C]
-            bs = [torch.randn(c, device=device) if i != 1 else None for i, c in enumerate(MULTI_C)]
-            ys = cake_causal_conv1d_det_multi_kcp(xs, ws, ctx, biases=bs, backend=backend)
-            torch.autograd.backward(ys, [torch.randn_like(y) for y in ys])
+            if kind == "multi2":  # the tier's multi form: q, k, v of MULTI_C channels, biases (b, None, b)
+                xs = [torch.randn(S, c, device=device).to(dtype).requires_grad_(True) for c in MULTI_C]
+                bs = [torch.randn(c, device=device) if i != 1 else None for i, c in enumerate(MULTI_C)]
+            else:  # the compile check's: the two column halves of one [S, 2 * SPLIT_C] tensor, no biases
+                whole = torch.randn(S, 2 * SPLIT_C, device=device).to(dtype).requires_grad_(True)
+                xs, bs = list(whole.split([SPLIT_C, SPLIT_C], dim=1)), [None, None]
+            ws = [torch.randn(x_i.shape[1], 4, device=device) for x_i in xs]
+            dys = [[torch.randn_like(x_i) for x_i in xs]]
+            if kind == "split2":  # eager passes dy's column halves; compiled code contiguous ones
+                dys.append(list(torch.randn_like(whole).split([SPLIT_C, SPLIT_C], dim=1)))
+            for dys_i in dys:
+                ys = cake_causal_conv1d_det_multi_kcp(xs, ws, ctx, biases=bs, backend=backend)
+                torch.autograd.backward(ys, dys_i)
         return
     if kind == "kcp1":  # one segment (no halo on one rank)
         ctx = build_kcp_context(torch.tensor([0, T], dtype=torch.int32, device=device), layout="contiguous")
