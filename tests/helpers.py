@@ -28,6 +28,25 @@ def random_cu_seqlens(S: int, gen: torch.Generator, short: bool = True) -> torch
     return torch.tensor(cuts, dtype=torch.int32)
 
 
+def deal_fragments(rng, T: int, P: int, lengths=(1, 1, 2, 2, 3, 4, 5)) -> list[list[tuple[int, int]]]:
+    """[0, T) cut into spans of the given lengths (``rng.choice``), dealt round-robin in a shuffled
+    order to P ranks (every rank gets some when there are at least P spans), each rank's local
+    order shuffled: a fragment table for ``build_kcp_context(..., fragments=...)``."""
+    spans, pos = [], 0
+    while pos < T:
+        n = rng.choice(lengths)
+        spans.append((pos, min(T, pos + n)))
+        pos += n
+    frags = [[] for _ in range(P)]
+    owners = [i % P for i in range(len(spans))]
+    rng.shuffle(owners)
+    for span, r in zip(spans, owners):
+        frags[r].append(span)
+    for f in frags:
+        rng.shuffle(f)
+    return frags
+
+
 def make_inputs(S, C, dtype=torch.bfloat16, wdtype=torch.float32, bias=True, seed=0, device="cpu"):
     """Random x [S, C], weight [C, 4], bias [C], dy [S, C] (never zeros)."""
     gen = torch.Generator().manual_seed(seed)

@@ -126,8 +126,9 @@ def run_kcp(name, device, backend):
     return _kcp(cu, fragments, C, device, backend, seed=len(fragments))
 
 
-class _RecordingGroup:
-    """A stand-in process group for recorded launches: messages go nowhere (the data is not read)."""
+class DroppedMessagesGroup:
+    """A stand-in process group: messages go nowhere (recorded launches do not read the data; the
+    warm-up of tests/multigpu/warm_kernels.py runs kernels on receive buffers left as allocated)."""
 
     class _Work:
         def wait(self):
@@ -145,7 +146,7 @@ def _rank_context(cu, world_size, layout, rank):
 
     fragments = layout_fragments(cu, world_size, layout)
     plan = build_rank_plans(cu, fragments)[rank]
-    return KcpContext(group=_RecordingGroup(), layout=layout, fragments=fragments, global_cu_seqlens=cu,
+    return KcpContext(group=DroppedMessagesGroup(), layout=layout, fragments=fragments, global_cu_seqlens=cu,
                       device=torch.device("cpu"), plan=plan)
 
 

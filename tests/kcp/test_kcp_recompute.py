@@ -35,6 +35,8 @@ from torch.utils.checkpoint import checkpoint
 import cakeconv.cake_causal_conv1d_det_train_backend.kcp.ops as kcp_mod
 from cakeconv import RecomputeHandleDetKcp, build_kcp_context, cake_causal_conv1d_det_kcp, cake_causal_conv1d_det_multi_kcp
 
+from tests.helpers import deal_fragments
+
 from ._dist import run_on_ranks
 from .test_kcp_plan import random_cu_seqlens
 
@@ -77,33 +79,17 @@ def _take():
 
 # ----------------------------------------------------------------------------------- inputs
 
-def _fragments(rng, T, P):
-    """Spans of 1 or 2 tokens dealt to random ranks (every rank gets at least one), local order shuffled."""
-    spans, pos = [], 0
-    while pos < T:
-        n = rng.choice([1, 1, 2])
-        spans.append((pos, min(T, pos + n)))
-        pos += n
-    assert len(spans) >= P
-    owners = list(range(P)) + [rng.randrange(P) for _ in range(len(spans) - P)]
-    rng.shuffle(owners)
-    frags = [[] for _ in range(P)]
-    for span, r in zip(spans, owners):
-        frags[r].append(span)
-    for f in frags:
-        rng.shuffle(f)
-    return frags
-
-
 def _contexts(rank, world, seed):
     rng = random.Random(seed)
     T = 6 * 2 * world
     cu_zz = sorted(set(min(c, T) for c in random_cu_seqlens(rng, 8, 9)) | {T})
     cu_fr = random_cu_seqlens(rng, 8, 7)
     cu_fr = cu_fr + [cu_fr[-1] + 5]  # a last document long enough to span fragments of several ranks
+    frags = deal_fragments(rng, cu_fr[-1], world, (1, 1, 2))  # spans of 1 or 2 tokens
+    assert all(frags)  # every rank gets at least one
     return [
         ("zigzag", build_kcp_context(torch.tensor(cu_zz, dtype=torch.int32), layout="zigzag")),
-        ("fragments", build_kcp_context(torch.tensor(cu_fr, dtype=torch.int32), fragments=_fragments(rng, cu_fr[-1], world))),
+        ("fragments", build_kcp_context(torch.tensor(cu_fr, dtype=torch.int32), fragments=frags)),
     ]
 
 

@@ -29,6 +29,8 @@ import torch.distributed as dist
 
 from cakeconv import build_kcp_context, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
 
+from tests.helpers import deal_fragments
+
 from ._dist import run_on_ranks
 
 BACKEND = "reference"
@@ -47,23 +49,6 @@ def _cu_for(rng, layout, q):
     cuts = {0, T} | {rng.randrange(1, T) for _ in range(6)}
     cu = sorted(cuts) + [T]  # an empty document at the end
     return [0] + cu  # and one at the start
-
-
-def _fragments(rng, T, q):
-    """Spans of 1-3 tokens dealt to the q ranks (each gets some), local order shuffled."""
-    spans, pos = [], 0
-    while pos < T:
-        n = rng.choice([1, 1, 2, 3])
-        spans.append((pos, min(T, pos + n)))
-        pos += n
-    owners = [i % q for i in range(len(spans))]
-    rng.shuffle(owners)
-    frags = [[] for _ in range(q)]
-    for span, r in zip(spans, owners):
-        frags[r].append(span)
-    for f in frags:
-        rng.shuffle(f)
-    return frags
 
 
 def _expected_tokens(layout, cu, fragments, q, r):
@@ -144,7 +129,7 @@ def _all_groups(rank, world, seed):
             _case(rank, group, members, layout, _cu_for(rng, layout, q), None, seed + 10 * gi)
             done += 1
         cu = _cu_for(rng, "contiguous", q)
-        _case(rank, group, members, None, cu, _fragments(rng, cu[-1], q), seed + 10 * gi + 5)
+        _case(rank, group, members, None, cu, deal_fragments(rng, cu[-1], q, (1, 1, 2, 3)), seed + 10 * gi + 5)
         done += 1
     dist.barrier()
     return done, keep_order

@@ -58,6 +58,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests.helpers
+from tests.helpers import deal_fragments  # noqa: E402
+
 from cakeconv import (  # noqa: E402
     RecomputeHandleDetKcp,
     build_kcp_context,
@@ -186,23 +189,6 @@ def per_doc_cu(rng, P, n_docs, big_units):
     return cu
 
 
-def random_fragments(rng, T, P, lengths=(1, 1, 2, 2, 3, 4, 5)):
-    """[0, T) cut into spans of the given lengths, dealt to random ranks, local order shuffled."""
-    spans, pos = [], 0
-    while pos < T:
-        n = rng.choice(lengths)
-        spans.append((pos, min(T, pos + n)))
-        pos += n
-    frags = [[] for _ in range(P)]
-    owners = [i % P for i in range(len(spans))]  # every rank gets some when there are enough spans
-    rng.shuffle(owners)
-    for span, r in zip(spans, owners):
-        frags[r].append(span)
-    for f in frags:
-        rng.shuffle(f)
-    return frags
-
-
 # ----------------------------------------------------------------------------------- the core
 
 def single(env, x, dy, w, b, cu):
@@ -289,7 +275,7 @@ def fragments(env, chk):
     P = env.world
     T = 4000 if env.cuda else 600
     cu = mixed_cu(rng, T, P, n_clusters=40)
-    run_case(env, chk, "random 1-5-token fragments", cu, fragments=random_fragments(rng, T, P), seed=200)
+    run_case(env, chk, "random 1-5-token fragments", cu, fragments=deal_fragments(rng, T, P), seed=200)
     # round robin, 1 token each: a fragment's 3 history rows sit on 3 other fragments (ranks)
     T1 = 2048 if env.cuda else 256
     cu1 = [0, 1, 2, 5, 700 % T1, T1 - 9, T1]
@@ -300,7 +286,7 @@ def fragments(env, chk):
     run_case(env, chk, "round-robin 2-token fragments (reversed local order)", cu1, fragments=frags, seed=202)
     # the last rank holds no token at all (S_local = 0)
     if P > 1:
-        frags = random_fragments(rng, T, P - 1) + [[]]
+        frags = deal_fragments(rng, T, P - 1) + [[]]
         run_case(env, chk, "a rank without tokens", cu, fragments=frags, seed=203)
     # large spans in a permuted order across ranks
     n = 3 * P
@@ -378,7 +364,7 @@ def multi(env, chk):
     _multi_case(env, chk, "multi zigzag", mixed_cu(rng, T, P), layout="zigzag", seed=600)
     T = 1200 if env.cuda else 300
     cu = mixed_cu(rng, T, P, n_clusters=20)
-    _multi_case(env, chk, "multi fragments", cu, fragments=random_fragments(rng, T, P, (1, 2, 3)), seed=610)
+    _multi_case(env, chk, "multi fragments", cu, fragments=deal_fragments(rng, T, P, (1, 2, 3)), seed=610)
 
 
 @check
@@ -392,7 +378,7 @@ def recompute(env, chk):
     ]
     cu2 = mixed_cu(rng, T2, P, n_clusters=10)
     contexts.append(("1-2-token fragments", build_kcp_context(torch.tensor(cu2, dtype=torch.int32, device=env.device),
-                                                             fragments=random_fragments(rng, T2, P, (1, 2)))))
+                                                             fragments=deal_fragments(rng, T2, P, (1, 2)))))
     for name, ctx in contexts:
         for form in ("single", "multi"):
             key = "conv" if form == "single" else "conv_multi"
@@ -614,7 +600,7 @@ def subgroup(env, chk):
         run_case(env, chk, label, per_doc_cu(rng, q, 10, 20), layout="zigzag_per_document", seed=820 + gi, group=group)
         Tf = 500 if env.cuda else 200
         cu = mixed_cu(rng, Tf, q, n_clusters=10)
-        run_case(env, chk, label, cu, fragments=random_fragments(rng, Tf, q, (1, 2, 3)), seed=830 + gi, group=group)
+        run_case(env, chk, label, cu, fragments=deal_fragments(rng, Tf, q, (1, 2, 3)), seed=830 + gi, group=group)
     dist.barrier()
 
 

@@ -52,20 +52,6 @@ MULTI_C = (256, 128, 256)  # the tier's multi form on CUDA (kcp_nccl.py Env.mult
 SPLIT_C = 128  # the compile check's halves of C = 256 (kcp_nccl.py compile)
 
 
-class _DroppedMessages:
-    """A stand-in process group for the kind "kcp2": messages go nowhere (the received rows are
-    left as allocated; the kernels run on them all the same, which is all a warm-up needs)."""
-
-    class _Work:
-        def wait(self):
-            return True
-
-    def send(self, tensors, peer, tag):
-        return self._Work()
-
-    recv = send
-
-
 def run_job(job, device, backend="auto") -> None:
     """One job's forward + backward on ``device`` (module docstring). Kinds: "single" (the
     single-rank op), "kcp" (a 1-rank zigzag context: local halos), "kcp1" (one document, one
@@ -84,6 +70,7 @@ def run_job(job, device, backend="auto") -> None:
         cake_causal_conv1d_det_multi_kcp,
     )
     from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import build_rank_plans, layout_fragments
+    from tests.launch_cases import DroppedMessagesGroup
 
     dtype_name, bias, C, T, kind = job
     C = C or MULTI_C[0]  # "multi2" has its own channel counts
@@ -101,7 +88,7 @@ def run_job(job, device, backend="auto") -> None:
     if kind in ("kcp2", "multi2", "split2"):
         fragments = layout_fragments(cuts, 2, "zigzag")
         for plan in build_rank_plans(cuts, fragments):
-            ctx = KcpContext(group=_DroppedMessages(), layout="zigzag", fragments=fragments, global_cu_seqlens=cuts,
+            ctx = KcpContext(group=DroppedMessagesGroup(), layout="zigzag", fragments=fragments, global_cu_seqlens=cuts,
                              device=torch.device(device), plan=plan.to(torch.device(device)))
             S = ctx.num_local_tokens
             if kind == "kcp2":
