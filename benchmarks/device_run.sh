@@ -138,8 +138,11 @@ for step in "$@"; do
     gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
     gputestsx) # every GPU test, 6 pytest-xdist workers (compiles in parallel; 14 ran the GPU out of memory, and 8
-         # one test, session 7); run it alone: beside other jobs it ran 2-3x slower (session 8)
-         python3 -m pytest -q -m gpu tests -p no:cacheprovider -n ${XDIST:-6} --ignore=tests/multigpu \
+         # one test, session 7); run it alone: beside other jobs it ran 2-3x slower (session 8). Workers spread
+         # over the GPUs (tests/conftest.py); the specialization file stays in one worker (its last test reads
+         # what the others recorded): --dist loadgroup (session 9: 6 workers on GPU 0 of 2 ran out of memory)
+         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) python3 -m pytest -q -m gpu tests -p no:cacheprovider \
+           -n ${XDIST:-6} --dist loadgroup --ignore=tests/multigpu \
            --ignore=tests/test_integrations_fla.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     ab)  # the tuner's picks of each code version in .variants/<name> (git archives; carry .variants), then this tree
          for v in $(ls .variants 2>/dev/null) this; do

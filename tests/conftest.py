@@ -10,9 +10,18 @@ Test tiers (cheapest first; see README "Testing"):
 Shape legend: S packed tokens, C channels, N documents.
 """
 
+import os
 
 import pytest
 import torch
+
+# Tier 4 under pytest-xdist on a machine of several GPUs (benchmarks/device_run.sh gputestsx sets
+# CAKECONV_TEST_GPUS): worker gwK sees only GPU K mod n. Six workers on one GPU of two ran it out of
+# memory (session 9). Set before anything initialises CUDA (importing torch does not).
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+_n_gpus = int(os.environ.get("CAKECONV_TEST_GPUS", "0") or 0)
+if _worker.startswith("gw") and _n_gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(_worker[2:]) % _n_gpus)
 
 from tests.helpers import INTERPRET
 

@@ -22,7 +22,8 @@ from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
 from tests import launch_cases
 from tests.helpers import TOLERANCES, rel_err
 
-pytestmark = pytest.mark.gpu
+# One xdist group: the last test checks what the others recorded in this process (--dist loadgroup).
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_specialization")]
 DEV = "cuda"
 SEEN = collections.defaultdict(set)
 
