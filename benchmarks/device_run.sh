@@ -13,9 +13,10 @@
 #              and one call per step) at the seed mix, S=250340, C=128 and 512 (HOST_ROWS)        -> hostcost.tgz
 #   mixes      issue 17, one GPU: GPU time of fwd and fwd+bwd (MIX_PASSES) for ours, FLA and Dao, document mixes
 #              seed, uniform 1-8 / 1-64 / 1-1024, all length 1 (MIXES) x S=250340, C=128,256,512,2048 (MIX_ROWS) -> mixes.tgz
-#   fla        issue 18: the FLA drop-in's GPU tests and examples/train_fla_model.py (carry .fla)   -> fla.tgz
+#   fla        issue 18: flatests then flaexample: the FLA drop-in's GPU tests, examples/train_fla_model.py (carry
+#              .fla; each needs a call of its own: FLA autotunes every kernel on first use)      -> fla/*.log
 #   multigpu   the multi-GPU test tier, tests/multigpu/run.sh NGPU                                  -> multigpu.log
-#   e.g. issues 15 and 18 on two H200s, each step alone:  bash benchmarks/device_run.sh gputestsx multigpu fla  (carry .fla)
+#   e.g. issue 18, a call each:  bash benchmarks/device_run.sh flatests;  bash benchmarks/device_run.sh flaexample  (carry .fla)
 #   kcpbench   torchrun on NGPU (2) GPUs: the KCP benchmark, every layout, the seed workload (S_local = 65536/NGPU) and
 #              --tokens 65536*NGPU (S_local = 65536): GPU time, eager loop, host cost, bitwise    -> kcpbench.tgz
 #   e.g. one H200:   bash benchmarks/device_run.sh daobuild warmbg hostcost mixes            (carry .fla)
@@ -219,12 +220,16 @@ for step in "$@"; do
     bitsbg) # in the background (the next steps compile on the other cores): the GPU tests of the kernels' bits
          (timeout ${BITS_TIMEOUT:-900} python3 -m pytest -q -m gpu tests/test_gpu.py -k "${BITS_K:-dweight_tree or every_config}" -p no:cacheprovider -n ${BITS_N:-4} --tb=short -rf \
            > "$OUT/pytest_gpu_bits.log" 2>&1; echo "bits tests: $(tail -1 "$OUT/pytest_gpu_bits.log")") & ;;
-    fla) # issue 18: the FLA drop-in's GPU tests and the training example (carry .fla: the wheels are installed above)
+    fla) bash "$0" flatests flaexample ;;
+    flatests) # issue 18: the FLA drop-in's GPU tests (carry .fla: the wheels are installed above). FLA 0.6.0 ships no
+         # tuned configurations, so its kernels autotune on first use: give this step a call of its own (session 9:
+         # 5 tests in 450 s). -v: a line per test as it ends, kept when the call's limit cuts the run
          mkdir -p "$OUT/fla"
-         python3 -m pytest -q -m gpu tests/test_integrations_fla.py -p no:cacheprovider -rP > "$OUT/fla/pytest_gpu_fla.log" 2>&1
-         python3 examples/train_fla_model.py --steps 300 --out "$OUT/fla" > "$OUT/fla/example.log" 2>&1
-         echo "fla: $(tail -1 "$OUT/fla/pytest_gpu_fla.log" 2>/dev/null) (logs in fla.tgz)"
-         tar -czf "$OUT/fla.tgz" -C "$OUT" fla && rm -rf "$OUT/fla" ;;
+         python3 -m pytest -v -m gpu tests/test_integrations_fla.py -p no:cacheprovider -rP --durations=0 2>&1 \
+           | tee "$OUT/fla/pytest_gpu_fla.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" ;;
+    flaexample) # issue 18: examples/train_fla_model.py, swapped and unswapped (its own call after flatests)
+         mkdir -p "$OUT/fla"
+         python3 examples/train_fla_model.py --steps 300 --out "$OUT/fla" 2>&1 | tee "$OUT/fla/example.log" | tail -15 ;;
     multigpu) bash tests/multigpu/run.sh "${NGPU:-2}" 2>&1 | tee "$OUT/multigpu.log" | tail -30 ;;
     waitbg) wait ;;
     benchquick) python3 $BENCH --quick --out "$OUT" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" | tail -40 ;;
