@@ -228,6 +228,7 @@ def compare(env, chk, label, ctx, got, want, group=None):
 def run_case(env, chk, label, cu_list, *, layout=None, fragments=None, C=None, dtype=BF16, bias=True, seed=0, group=None):
     C = C or env.C
     T = cu_list[-1]
+    t_case = time.time()
     x, dy, w, b = global_inputs(env, T, C, dtype, bias, seed)
     cu = torch.tensor(cu_list, dtype=torch.int32, device=env.device)
     want = single(env, x, dy, w, b, cu)
@@ -238,8 +239,10 @@ def run_case(env, chk, label, cu_list, *, layout=None, fragments=None, C=None, d
                f"{label}: ctx.rank/world_size = {ctx.rank}/{ctx.world_size}, the group says {grank}/{gsize}")
     chk.expect(ctx.local_token_indices.device == env.device, f"{label}: local_token_indices on {ctx.local_token_indices.device}")
     got = kcp_step(env, ctx, x, dy, w, b)
-    compare(env, chk, f"{label} [{layout or 'fragments'} {str(dtype)[6:]} bias={bias} T={T} C={C} D={ctx.num_segments}]",
-            ctx, got, want, group)
+    name = f"{label} [{layout or 'fragments'} {str(dtype)[6:]} bias={bias} T={T} C={C} D={ctx.num_segments}]"
+    compare(env, chk, name, ctx, got, want, group)
+    if time.time() - t_case > 5.0:  # where a check's time goes (session 9: one_document took 142 s)
+        print(f"{env.tag()}     slow case ({time.time() - t_case:.1f} s): {name}", flush=True)
     return ctx
 
 
