@@ -133,13 +133,11 @@ def test_build_kernel_writes_cu_then_the_segment_of_every_token(cu, dtype):
 @pytest.mark.interpret
 @pytest.mark.parametrize("mix,dtype,bias", [
     ("ones", torch.bfloat16, True),
-    ("uniform_1_8", torch.float32, False),
-    ("uniform_1_8_empty", torch.bfloat16, False),
+    ("uniform_1_8_empty", torch.float32, False),
     ("short_long_short", torch.float16, True),
-    ("random", torch.bfloat16, True),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_kernels_with_indices_give_the_search_bits(mix, dtype, bias):
-    S, C = 150, 16
+    S, C = 130, 16  # 9 forward programs of 16 rows, 3 backward leaves of 64 (interpreter configurations)
     gen = torch.Generator().manual_seed(len(mix) + S)
     cu = _mix(mix, S, gen)
     assert int(cu[0]) == 0 and int(cu[-1]) == S and bool((cu[1:] >= cu[:-1]).all())

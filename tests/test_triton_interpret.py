@@ -75,8 +75,10 @@ def test_triton_uniform_batch_equals_packed_bitwise():
 
 
 def test_triton_tuning_never_changes_bits():
-    """Every tile shape gives the same y, dx, dweight and dbias bits (fixed summation order)."""
-    S, C = 520, 32
+    """Every tile shape gives the same y, dx, dweight and dbias bits (fixed summation order).
+
+    S = 330: six 64-row leaves, two programs of the 4-leaf configurations (CI time: 520 took 133 s)."""
+    S, C = 330, 32
     gen = torch.Generator().manual_seed(5)
     cu = random_cu_seqlens(S, gen, short=False)
     x, w, b, dy = make_inputs(S, C, seed=6)
