@@ -203,6 +203,8 @@ BAD_CASES = [
     ("cu not tensor", dict(cu=[0, 5, 32]), TypeError, "list"),
     ("cu float", dict(cu=torch.tensor([0.0, 5.0, 32.0])), TypeError, "float32"),
     ("cu 2-D", dict(cu=torch.tensor([[0, 5, 32]], dtype=torch.int32)), ValueError, "(1, 3)"),
+    # a strided view: the Triton kernels read cu[d] at offset d, so it would place boundaries wrongly
+    ("cu strided", dict(cu=torch.tensor([0, 99, 5, 99, 32, 99], dtype=torch.int32)[::2]), ValueError, "contiguous"),
     ("cu start", dict(cu=torch.tensor([1, 5, 32], dtype=torch.int32)), ValueError, "cu_seqlens[0] = 1"),
     ("cu decreasing", dict(cu=torch.tensor([0, 9, 5, 32], dtype=torch.int32)), ValueError, "cu_seqlens[1] = 9"),
     ("cu end", dict(cu=torch.tensor([0, 5, 31], dtype=torch.int32)), ValueError, "cu_seqlens[-1] = 31"),

@@ -156,6 +156,9 @@ def check_problem(x, weight, bias, cu_seqlens, backend) -> Problem:
             raise ValueError(f"cu_seqlens must be 1-D with at least one element, got shape {tuple(cu_seqlens.shape)}")
         if cu_seqlens.device != device:
             raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but x is on {device}")
+        if not cu_seqlens.is_contiguous():  # the kernels read cu[d] at offset d
+            raise ValueError(f"cu_seqlens must be contiguous, got stride {cu_seqlens.stride()} "
+                             f"(pass cu_seqlens.contiguous())")
         check_cu_values(cu_seqlens, S)
     else:
         seq_len = shape[1] if len(shape) == 3 else S

@@ -418,8 +418,8 @@ def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, backend="au
             T tokens; ``cu_seqlens`` must then be None). bf16, fp16 or fp32; C a multiple of 8.
         weight: [C, 4] fp32 or bf16 taps.
         bias: optional [C].
-        cu_seqlens: int32/int64 [N + 1] on x's device, cu[0] = 0 <= ... <= cu[N] = S; empty
-            documents allowed. None: one document per batch row.
+        cu_seqlens: contiguous int32/int64 [N + 1] on x's device, cu[0] = 0 <= ... <= cu[N] = S;
+            empty documents allowed. None: one document per batch row.
         backend: "auto" (Triton on CUDA, reference on CPU), "triton" or "reference".
 
     Returns:
