@@ -73,6 +73,9 @@ def test_supported(monkeypatch):
     for bad in (None, 3.5, object(), [0]):
         with pytest.raises(TypeError):
             f(bad)
+    for bad in ("notadevice", "cuda:x", -1):  # names no device: bad input, a ValueError
+        with pytest.raises(ValueError, match="not a device"):
+            f(bad)
     # The CUDA rule, with a faked device query: 7.x is refused, 8.0 and newer accepted.
     if torch.cuda.is_available():
         major, _ = torch.cuda.get_device_capability()

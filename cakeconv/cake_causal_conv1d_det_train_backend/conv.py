@@ -184,11 +184,15 @@ def is_cake_causal_conv1d_det_train_supported(device_or_tensor) -> bool:
 
     Raises:
         TypeError: the argument is neither a tensor nor a device (or device string).
+        ValueError: a string or int that names no device (e.g. "notadevice").
     """
     if isinstance(device_or_tensor, torch.Tensor):
         device = device_or_tensor.device
     elif isinstance(device_or_tensor, (torch.device, str, int)):
-        device = torch.device(device_or_tensor)
+        try:
+            device = torch.device(device_or_tensor)
+        except RuntimeError as exc:  # torch's message for a string it cannot parse
+            raise ValueError(f"{device_or_tensor!r} is not a device: {exc}") from None
     else:
         raise TypeError(f"expected a torch.Tensor, torch.device or device string, got {type(device_or_tensor).__name__}")
     if device.type == "cpu":
