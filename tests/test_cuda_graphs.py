@@ -41,7 +41,7 @@ def _short_documents(S, n, seed):
 LAYOUTS = {
     # name: (cu at capture, cu copied in before the third replay); the same number of entries
     "four_documents": ([0, 3, 20000, 20001, 65536], [0, 999, 1000, 50000, 65536]),
-    # 5+ documents: the kernels read per-token segment indices, whose build is captured too
+    # 4,000 short documents: programs touching many segments (the masked, searching path)
     "short_documents": (_short_documents(65536, 4000, 1), _short_documents(65536, 4000, 2)),
 }
 
@@ -72,7 +72,7 @@ def test_single_rank_graph_replay_matches_eager(layout):
     allocations = torch.cuda.memory_stats()["allocation.all.allocated"]
     with torch.cuda.graph(graph):
         _, dw_s, db_s = step()
-    # the workspace entry points allocate nothing inside the graph (SPEC 6), segment indices included
+    # the workspace entry points allocate nothing inside the graph (SPEC 6)
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocations
 
     # The static buffers the graph writes: y, dx, and dweight/dbias (views into the workspace).

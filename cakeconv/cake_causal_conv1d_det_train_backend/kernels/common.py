@@ -8,9 +8,7 @@ row of every sub-run. Segment boundaries come from ``cu`` (``HAS_CU``) or, for [
 from the uniform length ``seq_len`` (boundaries d * T). A program whose rows (and the rows its
 taps reach) contain no boundary takes the unmasked path; otherwise it places each row t in its
 segment d(t): by comparing t with the boundaries it loaded once when the program touches at most
-FEW_SEGMENTS segments (nearly always), else by one load of a per-token segment index (built once
-per cu_seqlens, kernels/segment_ids.py) or, without those, a binary search restricted to its
-segments.
+FEW_SEGMENTS segments (nearly always), else by a binary search restricted to those segments.
 """
 
 import triton
@@ -107,10 +105,6 @@ def _uniform_boundary(j, n_seg, seq_len):
 
 
 FEW_SEGMENTS = tl.constexpr(4)  # programs touching at most this many segments place rows without loads
-# HAS_CU takes three values: False (equal segments of seq_len rows), True (cu: rows of programs
-# touching more than FEW_SEGMENTS segments are placed by a binary search over cu), SEGMENT_IDS (cu
-# followed by one segment index per token: those rows are placed by one load each).
-SEGMENT_IDS = tl.constexpr(2)
 
 
 @triton.jit
@@ -125,8 +119,7 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
     """(d, start, end) of the segment holding each row t ([R] int32), searched in seg's d_lo..d_hi.
 
     FEW (the program touches at most FEW_SEGMENTS segments): compares with the boundaries c_j that
-    segment_window loaded, no loads here; else the row's index in the per-token segment ids
-    (HAS_CU == SEGMENT_IDS) or a binary search over cu. Rows at or past S are
+    segment_window loaded, no loads here; else a binary search over cu. Rows at or past S are
     placed in the last segment searched (d_hi); nothing of theirs is stored, and halo_tap reads
     no halo row for them outside the halo buffers.
     """
@@ -139,16 +132,6 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
             d, start, end = _step_segment(t, 1, d_lo, d_hi, c1, c2, d, start, end)
             d, start, end = _step_segment(t, 2, d_lo, d_hi, c2, c3, d, start, end)
             d, start, end = _step_segment(t, 3, d_lo, d_hi, c3, c4, d, start, end)
-        elif HAS_CU == SEGMENT_IDS:
-            # cu_ptr is [cu (N + 1) | ids (S)] int32 (kernels/segment_ids.py): one load per row, no
-            # search. Same (d, start, end) as the search below: ids[t] is the last d with cu[d] <= t,
-            # which lies in d_lo..d_hi for every row of the program's window; rows at or past S
-            # (seq_len = S with cu) take d = N as the search does (d_hi = N there), rows before 0 d_lo.
-            ids = tl.load(cu_ptr + (n_seg + 1) + t, mask=(t >= 0) & (t < seq_len), other=n_seg)
-            lo = tl.where(t < 0, d_lo, ids)
-            start = tl.load(cu_ptr + lo)
-            end = tl.load(cu_ptr + lo + 1, mask=lo < n_seg, other=2147483647)
-            d = lo
         else:
             lo = tl.zeros_like(t) + d_lo
             hi = tl.zeros_like(t) + d_hi

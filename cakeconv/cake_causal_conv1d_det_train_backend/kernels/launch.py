@@ -48,16 +48,13 @@ from .backward import (
     cake_conv_bwd_kernel,
 )
 from .forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
-from .common import SEGMENT_IDS
 from .halo import cake_halo_gather_kernel
-from .segment_ids import SegmentIdsCache, cake_segment_ids_kernel, use_segment_ids
 
 try:  # the CUDA build of torch; Triton's own driver reads the stream the same way
     from torch._C import _cuda_getCurrentRawStream, _cuda_getDevice
 except ImportError:  # CPU build (the interpreter and the recorder need neither)
     _cuda_getCurrentRawStream = _cuda_getDevice = None
 
-SEGMENT_IDS_VALUE = SEGMENT_IDS.value  # HAS_CU of a launch with per-token segment ids
 _GROUP_BLK = 64
 _FINAL_BLK = 32
 # Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
@@ -158,8 +155,7 @@ BWD_FINALIZE = Kernel(cake_conv_bwd_finalize_kernel)
 BWD_HEAD = Kernel(cake_conv_bwd_head_kernel)
 BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
 HALO_GATHER = Kernel(cake_halo_gather_kernel)
-SEGMENT_IDS_BUILD = Kernel(cake_segment_ids_kernel)
-KERNELS = (FWD, FWD_ROWS, BWD, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
+KERNELS = (FWD, FWD_ROWS, BWD, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER)
 
 
 _OPTIONS: dict = {}
@@ -190,39 +186,12 @@ def backward_workspace_floats(S: int, C: int) -> int:
     return 5 * C * (n_leaves + n_groups)
 
 
-use_ids = True  # per-token segment indices for many segments (tests switch them off to compare bits)
-SEGMENT_IDS_CACHE = SegmentIdsCache()
-
-
-def triton_segment_ids(cu_N1, out):
-    """Launch the build of out = [cu | ids] (kernels/segment_ids.py); out int32 [N + 1 + S]."""
-    n1 = cu_N1.shape[0]
-    S = out.shape[0] - n1
-    blk, warps = (16, 1) if INTERPRET else (1024, 4)
-    SEGMENT_IDS_BUILD.launch((cdiv(max(n1, S), blk), 1, 1), (cu_N1, out), (cu_N1.dtype,), (n1, S), (blk,), warps)
-    return out
-
-
 def _segments(cu_seqlens, seq_len, S):
-    """(cu buffer or None, HAS_CU, n_seg, seq_len) kernel arguments of the main kernels.
-
-    With cu_seqlens of at least MIN_SEGMENTS segments the buffer is [cu | per-token segment ids]
-    (kernels/segment_ids.py, one per cu_seqlens tensor) and HAS_CU is SEGMENT_IDS; with fewer,
-    cu itself and True (the same bits either way).
-    """
+    """(cu or None, n_seg, seq_len) kernel arguments."""
     if cu_seqlens is not None:
-        n_seg = cu_seqlens.shape[0] - 1
-        if use_ids and use_segment_ids(n_seg, S):
-            on_gpu = cu_seqlens.is_cuda and not INTERPRET
-            stream = _cuda_getCurrentRawStream(cu_seqlens.get_device()) if on_gpu else 0
-            capturing = on_gpu and torch.cuda.is_current_stream_capturing()
-            # launches recorded but not run leave the buffer unwritten: not cached then
-            cache = _recording is None or _recording_launches
-            buf = SEGMENT_IDS_CACHE.get(cu_seqlens, S, stream, capturing, triton_segment_ids, cache)
-            return buf, SEGMENT_IDS_VALUE, n_seg, max(S, 1)
-        return cu_seqlens, True, n_seg, max(S, 1)
+        return cu_seqlens, cu_seqlens.shape[0] - 1, max(S, 1)
     T = seq_len if seq_len else max(S, 1)
-    return None, False, cdiv(S, T), T
+    return None, cdiv(S, T), T
 
 
 def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, config=None):
@@ -231,12 +200,12 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
     S, C = x_SC.shape
     if S == 0:
         return y_SC
-    cu, has_cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
+    cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
     cfg = config or tuning.pick_fwd_config(C, x_SC.element_size(), INTERPRET)
     b = b_C if b_C is not None else w_CW
     cu_t = cu if cu is not None else w_CW
     hist = hist_NHC if hist_NHC is not None else w_CW
-    consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, has_cu, hist_NHC is not None,
+    consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, cu is not None, hist_NHC is not None,
               cfg.R, cfg.SUB, cfg.BC, cfg.stages)
     # y and hist have x's dtype (validated / built so); b, cu and hist stand in with w when absent
     FWD.launch((cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1), (x_SC, y_SC, w_CW, b, cu_t, hist),
@@ -255,7 +224,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     S, C = x_SC.shape
     cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), INTERPRET, has_bias=b_C is not None)
     assert fut_NHC is None or hist_NHC is not None
-    cu, has_cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
+    cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
     R = cfg.R
     logr = R.bit_length() - 1
     assert 1 << logr == R and R <= TREE_LEAVES
@@ -267,7 +236,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     cu_t = cu if cu is not None else w_CW
     hist = hist_NHC if hist_NHC is not None else w_CW
     fut = fut_NHC if fut_NHC is not None else w_CW
-    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, has_cu,
+    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, cu is not None,
               hist_NHC is not None, fut_NHC is not None, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
     # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
