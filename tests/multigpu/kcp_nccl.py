@@ -241,8 +241,9 @@ def run_case(env, chk, label, cu_list, *, layout=None, fragments=None, C=None, d
     got = kcp_step(env, ctx, x, dy, w, b)
     name = f"{label} [{layout or 'fragments'} {str(dtype)[6:]} bias={bias} T={T} C={C} D={ctx.num_segments}]"
     compare(env, chk, name, ctx, got, want, group)
-    if time.time() - t_case > 5.0:  # where a check's time goes (session 9: one_document took 142 s)
-        print(f"{env.tag()}     slow case ({time.time() - t_case:.1f} s): {name}", flush=True)
+    dt = time.time() - t_case
+    if dt > 5.0:  # where a check's time goes (session 9: one_document took 142 s)
+        print(f"{env.tag()}     slow case ({dt:.1f} s): {name}", flush=True)
     return ctx
 
 
