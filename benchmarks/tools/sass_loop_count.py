@@ -53,15 +53,33 @@ def largest_loops(sass, n=2):
     return sorted(loops, key=len, reverse=True)[:n]
 
 
+def _opcode(text):
+    """The opcode of one SASS instruction, without its predicate and modifiers ("@!P0 LDG.E.128 ..." -> LDG)."""
+    return re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text).group(1)
+
+
+def row_loops(sass):
+    """(few, general, unmasked): the three row loops in the kernels' code order (address order):
+    masked with preloaded boundaries (programs touching at most FEW_SEGMENTS segments; in a
+    STEP_BRANCH backward this loop holds both the masked and the unmasked step body), masked with a
+    binary search per row (more segments), unmasked.
+    (Until session 10 they were told apart by size, which swapped the first two in the backward.)"""
+    few, general, unmasked = sorted(largest_loops(sass, 3), key=lambda loop: loop[0][0])
+    return few, general, unmasked
+
+
 def report(name, sass, regs, elems_per_step):
-    """The three row loops, largest first: masked with a binary search per row (programs touching
-    more than FEW_SEGMENTS segments), masked with preloaded boundaries, unmasked."""
-    general, few, unmasked = largest_loops(sass, 3)
-    ops = collections.Counter(re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", t).group(1) for _, t in unmasked)
+    """Instructions per element of the three row loops, the unmasked loop's mix, the global loads
+    (LDG: not pipelined; LDGSTS: cp.async, pipelined) and spills of the searching loop."""
+    few, general, unmasked = row_loops(sass)
+    ops = collections.Counter(_opcode(t) for _, t in unmasked)
     mix = ", ".join(f"{k} {v / elems_per_step:.1f}" for k, v in ops.most_common(8))
+    general_ops = [_opcode(t) for _, t in general]
+    spills = sum(("LDL" in t) or ("STL" in t) for _, t in general)
     print(f"{name}: {regs} registers; per element: unmasked loop {len(unmasked) / elems_per_step:.1f}, "
           f"masked loops {len(few) / elems_per_step:.1f} (few segments) / {len(general) / elems_per_step:.1f} "
-          f"(searching) instructions; unmasked mix: {mix}")
+          f"(searching; {general_ops.count('LDG')} LDG, {general_ops.count('LDGSTS')} LDGSTS, {spills} spill "
+          f"accesses in that loop) instructions; unmasked mix: {mix}")
 
 
 def bwd_consts(cfg, C, bias):
@@ -80,7 +98,7 @@ def spill_report(channels=(128, 512, 1024, 2048, 8192)):
         cells = []
         for bias in (False, True):
             sass, _ = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, C, bias), cfg, 9)
-            general, few, unmasked = largest_loops(sass, 3)
+            few, general, unmasked = row_loops(sass)
             spills = [sum(("LDL" in t) or ("STL" in t) for _, t in loop) for loop in (unmasked, few, general)]
             cells.append(f"bias={bias}: spills unmasked {spills[0]}, masked few {spills[1]}, searching {spills[2]}")
         print(f"backward C={C} {cfg}: " + " | ".join(cells), flush=True)
