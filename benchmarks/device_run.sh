@@ -142,9 +142,12 @@ for step in "$@"; do
          # one test, session 7); run it alone: beside other jobs it ran 2-3x slower (session 8). Workers spread
          # over the GPUs (tests/conftest.py); the specialization file stays in one worker (its last test reads
          # what the others recorded): --dist loadgroup (session 9: 6 workers on GPU 0 of 2 ran out of memory)
-         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) python3 -m pytest -q -m gpu tests -p no:cacheprovider \
-           -n ${XDIST:-6} --dist loadgroup --ignore=tests/multigpu \
-           --ignore=tests/test_integrations_fla.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+         # -v: a line per test as it ends (session 10: a run cut by the call's limit showed two F among dots,
+         # unnamed); -rf: the failures' names again at the end; the terminal shows only failures and the summary
+         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) python3 -m pytest -v -rf -m gpu tests -p no:cacheprovider \
+           -n ${XDIST:-6} --dist loadgroup --ignore=tests/multigpu --durations=15 \
+           --ignore=tests/test_integrations_fla.py 2>&1 | tee "$OUT/pytest_gpu.log" \
+           | grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s (call|setup)" | tail -40 ;;
     ab)  # the tuner's picks of each code version in .variants/<name> (git archives; carry .variants), then this tree
          for v in $(ls .variants 2>/dev/null) this; do
            if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
