@@ -144,7 +144,9 @@ for step in "$@"; do
          # what the others recorded): --dist loadgroup (session 9: 6 workers on GPU 0 of 2 ran out of memory)
          # -v: a line per test as it ends (session 10: a run cut by the call's limit showed two F among dots,
          # unnamed); -rf: the failures' names again at the end; the terminal shows only failures and the summary
-         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) python3 -m pytest -v -rf -m gpu tests -p no:cacheprovider \
+         # GPU_TESTS (default: tests) splits the run over two calls if one does not fit, e.g.
+         # GPU_TESTS="tests/test_gpu.py tests/test_gpu_specialization.py", then the rest by --deselect/-k
+         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) python3 -m pytest -v -rf -m gpu ${GPU_TESTS:-tests} -p no:cacheprovider \
            -n ${XDIST:-6} --dist loadgroup --ignore=tests/multigpu --durations=15 \
            --ignore=tests/test_integrations_fla.py 2>&1 | tee "$OUT/pytest_gpu.log" \
            | grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s (call|setup)" | tail -40 ;;
