@@ -45,16 +45,11 @@ from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch  # noqa
 S, C, CHAIN = 64, 256, 16  # shape legend: S tokens, C channels; CHAIN calls per step
 
 
-class Trivial(torch.autograd.Function):
-    """The baseline: forward clones x, backward passes the gradient through."""
+# the benchmark's own baseline (forward: one clone; backward: identity), so both time the same thing
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from bench_cake_causal_conv1d_det import BaselineProvider  # noqa: E402
 
-    @staticmethod
-    def forward(ctx, x, w):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
+_TRIVIAL = BaselineProvider(torch, "trivial")._op
 
 
 def make_step(op):
@@ -90,7 +85,7 @@ def ours(y, w, cu):
 
 
 def trivial(y, w, cu):
-    return Trivial.apply(y, w)
+    return _TRIVIAL(y, w, None)
 
 
 @contextlib.contextmanager
@@ -104,7 +99,10 @@ def replaced(obj, name, value):
 
 
 def launch_without_running(self, grid, pointers, dtypes, scalars, constants, warps, maxnreg=None):
-    """Kernel.launch's own host work on the GPU path (pointers, alignment key, cache lookup), no launch."""
+    """Kernel.launch's own host work on the GPU path (pointers, alignment key, cache lookup), no launch.
+
+    A copy of the first lines of kernels/launch.py's Kernel.launch (keep them in step): the real
+    method, recording instead of launching, would time the recording too."""
     addrs = [p.data_ptr() for p in pointers]
     bits = 0
     for a in addrs:
