@@ -138,14 +138,10 @@ for step in "$@"; do
     gpumodule) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_module.log" | tail -8 ;;
     gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
-    gputestsx) # every GPU test, 6 pytest-xdist workers (compiles in parallel; 14 ran the GPU out of memory, and 8
-         # one test, session 7); run it alone: beside other jobs it ran 2-3x slower (session 8). Workers spread
-         # over the GPUs (tests/conftest.py); the specialization file stays in one worker (its last test reads
-         # what the others recorded): --dist loadgroup (session 9: 6 workers on GPU 0 of 2 ran out of memory)
-         # -v: a line per test as it ends (session 10: a run cut by the call's limit showed two F among dots,
-         # unnamed); -rf: the failures' names again at the end; the terminal shows only failures and the summary
-         # GPU_TESTS (default: tests) splits the run over two calls if one does not fit, e.g.
-         # GPU_TESTS="tests/test_gpu.py tests/test_gpu_specialization.py", then the rest by --deselect/-k
+    gputestsx) # every GPU test in one call, alone (beside other jobs it ran 2-3x slower): XDIST (6) workers spread
+         # over the GPUs (tests/conftest.py), the specialization file in one worker (--dist loadgroup), a line
+         # per test so a run cut by the call's limit still names its failures (-v, -rf). GPU_TESTS (default:
+         # tests) splits the run over two calls, e.g. "tests/test_gpu.py tests/test_gpu_specialization.py"
          CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) python3 -m pytest -v -rf -m gpu ${GPU_TESTS:-tests} -p no:cacheprovider \
            -n ${XDIST:-6} --dist loadgroup --ignore=tests/multigpu --durations=15 \
            --ignore=tests/test_integrations_fla.py 2>&1 | tee "$OUT/pytest_gpu.log" \
