@@ -5,11 +5,11 @@ Function, validation, allocation and the launchers. This tool times the issue's 
 (``y = op(y, w_i)``, one ``backward()`` per step, gradients reset) with the Triton backend selected
 under TRITON_INTERPRET=1 and the kernels never run, taking away one rung at a time:
 
-    full         the op as users call it; ``Kernel.launch`` binds its arguments and keys the compiled
-                 kernel as on the GPU (pointers read, alignment checked), then returns before the launch
-    no_launch    ``Kernel.launch`` replaced by a function that returns at once
-    no_launcher  the launchers ``triton_forward`` / ``triton_backward`` replaced too (what is left:
-                 the public function, autograd, validation, allocation)
+    full         the op as users call it; ``Prepared.run`` reads the pointers, checks their alignment
+                 and finds the compiled kernel as on the GPU, then returns before the launch
+    no_launch    ``Prepared.run`` replaced by a function that returns at once
+    no_launcher  the prepared launches' ``run`` (``ForwardLaunch`` / ``BackwardLaunches``) replaced
+                 too (what is left: the public function, autograd, plan lookup, allocation)
     trivial      an autograd.Function that returns ``x.clone()`` (the issue's baseline)
 
 S is tiny (the work is nothing); the trivial Function's clone costs what a small copy costs here.
@@ -39,7 +39,6 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from cakeconv import cake_causal_conv1d_det  # noqa: E402
-from cakeconv.cake_causal_conv1d_det_train_backend import conv  # noqa: E402
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch  # noqa: E402
 
 S, C, CHAIN = 64, 256, 16  # shape legend: S tokens, C channels; CHAIN calls per step
@@ -98,17 +97,20 @@ def replaced(obj, name, value):
         setattr(obj, name, old)
 
 
-def launch_without_running(self, grid, pointers, dtypes, scalars, constants, warps, maxnreg=None):
-    """Kernel.launch's own host work on the GPU path (pointers, alignment key, cache lookup), no launch.
+def run_without_launching(self, pointers):
+    """Prepared.run's own host work on the GPU path (addresses, alignment, the remembered compiled
+    kernel), no launch.
 
-    A copy of the first lines of kernels/launch.py's Kernel.launch (keep them in step): the real
+    A copy of the first lines of kernels/launch.py's Prepared.run (keep them in step): the real
     method, recording instead of launching, would time the recording too."""
     addrs = [p.data_ptr() for p in pointers]
     bits = 0
     for a in addrs:
         bits |= a
-    key = None if bits & 15 else (dtypes, constants, warps, maxnreg)
-    self._compiled.get((0, key))
+    if not bits & 15:
+        compiled = self._compiled
+        if compiled is None or self._device != 0:
+            self._device, self._compiled = 0, self.kernel._compiled.get((0, self.key))
     return None
 
 
@@ -119,14 +121,14 @@ RUNGS = ("full", "no_launch", "no_launcher", "trivial")
 def rung(name):
     """The op of one rung, with the layers below it replaced (module docstring)."""
     if name == "full":
-        with replaced(launch.Kernel, "launch", launch_without_running):
+        with replaced(launch.Prepared, "run", run_without_launching):
             yield ours
     elif name == "no_launch":
-        with replaced(launch.Kernel, "launch", lambda self, *a, **k: None):
+        with replaced(launch.Prepared, "run", lambda self, pointers: None):
             yield ours
     elif name == "no_launcher":
-        with replaced(conv, "triton_forward", lambda *a, **k: None), \
-                replaced(conv, "triton_backward", lambda *a, **k: None):
+        with replaced(launch.ForwardLaunch, "run", lambda self, *a, **k: None), \
+                replaced(launch.BackwardLaunches, "run", lambda self, *a, **k: None):
             yield ours
     else:
         yield trivial

@@ -11,8 +11,8 @@ and rounded once to the output's dtype:
 
 The ladder, bottom to top; each rung calls the one below:
 
-1. ``_forward`` / ``_backward``: a validated ``Problem`` computed into given buffers by the Triton
-   launchers (kernels/launch.py) or the reference backend (reference.py).
+1. ``_forward`` / ``_backward``: a validated call (its ``Plan``) computed into given buffers by the
+   Triton launchers (kernels/launch.py) or the reference backend (reference.py).
 2. ``forward_into_op`` / ``backward_into_op``: validation plus rung 1 as torch custom ops that
    write into given buffers (``torch.ops.cakeconv.cake_causal_conv1d_det_forward_into`` and
    ``..._backward_into``). ``torch.compile`` sees each as one opaque op (no graph break, the bits of
@@ -20,11 +20,17 @@ The ladder, bottom to top; each rung calls the one below:
 3. The entry points ``cake_causal_conv1d_det_train_forward`` / ``_backward``: validate once,
    allocate what the caller did not give, run rung 1; while compiling they call rung 2 instead.
 4. ``CakeCausalConv1dDetFunction``: the one autograd Function, on rung 3's pieces. Eager, its
-   backward reuses the forward's validation and checks only dy.
+   backward reuses the forward's plan and checks only dy.
 5. ``cake_causal_conv1d_det``: the public function (no autograd node when nothing needs a gradient).
 
 Eager calls pay for no dispatcher round trip: the custom ops exist for the compiler only, and run
 the same code (rungs 1 and the same checks), so eager and compiled results are bitwise equal.
+
+Host cost: validation and the launchers' set-up depend only on the operands' metadata (shapes,
+strides, dtypes, devices) and cu_seqlens' values. A ``Plan`` holds their results per metadata
+signature, so a training loop's later calls skip both: they look the plan up (cu_seqlens' values
+are re-checked only when that tensor changed), allocate the outputs and launch the prepared
+kernels with the tensors' addresses.
 """
 
 from __future__ import annotations
@@ -37,7 +43,14 @@ from torch import Tensor
 
 from . import checks
 from .constants import TAPS
-from .kernels.launch import backward_workspace_floats, triton_backward, triton_forward
+from .kernels.launch import (
+    _cuda_getDevice,
+    backward_workspace_floats,
+    prepare_backward,
+    prepare_forward,
+    triton_backward,
+    triton_forward,
+)
 from .reference import reference_backward, reference_forward
 
 __all__ = [
@@ -82,40 +95,163 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
 
 
 _SAME_DEVICE = contextlib.nullcontext()
+_CONTIGUOUS = torch.contiguous_format
 
 
-def _device_of(t: Tensor):
-    """A context that makes t's GPU current for a launch (Triton launches on the current device);
-    a no-op when it already is, or for a CPU tensor (the interpreter)."""
-    index = t.get_device()
-    if index < 0 or index == torch.cuda.current_device():
+def _on_device(index: int):
+    """A context that makes GPU ``index`` current for a launch (Triton launches on the current
+    device); a no-op when it already is, or for the CPU (index -1: the interpreter)."""
+    if index < 0 or index == _cuda_getDevice():
         return _SAME_DEVICE
     return torch.cuda.device(index)
 
 
-def _forward(p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], y: Tensor) -> None:
-    """y <- silu(conv(x)) for a validated problem; y has x's shape and dtype."""
-    if p.S == 0:
+def _grad_dtype(weight: Tensor, bias: Optional[Tensor]) -> torch.dtype:
+    """dtype the dweight/dbias sums are written in: the weight's, or FP32 when the bias differs
+    (then each is rounded once from FP32 to its own dtype)."""
+    if bias is None or bias.dtype == weight.dtype:
+        return weight.dtype
+    return torch.float32
+
+
+# ------------------------------------------------- 0. plans: validation and launch set-up, cached
+
+class Plan:
+    """What validation and the launch set-up derive from a call's operand metadata.
+
+    Built once per ``signature`` (shapes, strides, dtypes and devices of x, weight, bias and
+    cu_seqlens, and the backend) after ``checks.check_problem`` accepted the operands, and reused by
+    later calls of the same signature: they skip validation (cu_seqlens' values are still checked,
+    through that check's own cache per tensor identity and version) and the launchers' set-up.
+
+    ``fwd``: the prepared forward launch when the fast path applies (Triton backend, S > 0, x's rows
+    viewable without a copy, contiguous taps and bias), else None; ``backward_for`` gives the
+    prepared backward per dy layout. Holds no tensor (a later call's cu_seqlens is its own).
+    """
+
+    __slots__ = ("S", "C", "seq_len", "backend", "dtype", "device", "device_index", "gdt", "n_ws", "fwd",
+                 "_bwd", "_layout")
+
+    def __init__(self, p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu: Optional[Tensor]):
+        self.S, self.C, self.seq_len, self.backend = p.S, p.C, p.seq_len, p.backend
+        self.dtype, self.device = x.dtype, x.device
+        self.device_index = x.get_device()
+        self.gdt = _grad_dtype(weight, bias)
+        self.n_ws = backward_workspace_floats(p.S, p.C)
+        self.fwd = None
+        self._bwd: dict = {}
+        self._layout = None
+        if p.backend != "triton" or p.S == 0 or not weight.is_contiguous() or not (bias is None or bias.is_contiguous()):
+            return
+        x_stride = _row_stride(x, p.S, p.C)
+        if x_stride is None:
+            return
+        # (x row stride, w dtype, b dtype, cu dtype, cu entries): what the backward's set-up needs too
+        self._layout = (x_stride, weight.dtype, None if bias is None else bias.dtype,
+                        None if cu is None else cu.dtype, None if cu is None else cu.shape[0])
+        self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, weight.dtype, self._layout[2],
+                                   self._layout[3], self._layout[4], p.seq_len)
+
+    def problem(self, cu_seqlens: Optional[Tensor]) -> checks.Problem:
+        """The validated problem with this call's cu_seqlens (for the general path)."""
+        return checks.Problem(self.S, self.C, cu_seqlens, self.seq_len, self.backend)
+
+    def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype):
+        """The prepared backward launches for this dy (checked here the first time its layout is
+        seen; a bad dy raises) writing a fresh contiguous dx and dw / db of ``dw_dtype``; None when
+        the general path must run (no fast path for this problem, or dy's rows need a copy)."""
+        try:
+            key = (dy.shape, dy.stride(), dy.dtype, dy.device, dw_dtype)
+        except (AttributeError, TypeError):  # not a tensor: the check names it
+            checks.check_dy(dy, x)
+            raise
+        launches = self._bwd.get(key)
+        if launches is None:
+            checks.check_dy(dy, x)
+            launches = False
+            dy_stride = _row_stride(dy, self.S, self.C) if self._layout is not None else None
+            if dy_stride is not None:
+                x_stride, w_dtype, b_dtype, cu_dtype, n_cu = self._layout
+                launches = prepare_backward(self.S, self.C, x_stride, dy_stride, self.C, self.dtype, dy.dtype, w_dtype,
+                                            b_dtype, cu_dtype, n_cu, self.seq_len, dw_dtype)
+            self._bwd[key] = launches
+        return launches or None
+
+
+def _row_stride(t: Tensor, S: int, C: int) -> Optional[int]:
+    """The row stride of t viewed as [S, C] rows without a copy (unit channel stride, row stride a
+    multiple of 8), or None when ``rows_view`` would copy."""
+    r = rows_view(t, S, C)
+    return r.stride(0) if r.data_ptr() == t.data_ptr() else None
+
+
+def signature(x, weight, bias, cu_seqlens, backend) -> tuple:
+    """The operand metadata a Plan depends on (AttributeError / TypeError for non-tensors)."""
+    return (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            None if cu_seqlens is None else (cu_seqlens.shape, cu_seqlens.stride(), cu_seqlens.dtype, cu_seqlens.device),
+            backend)
+
+
+_plans: dict = {}
+_MAX_PLANS = 512
+
+
+def plan_for(x, weight, bias, cu_seqlens, backend) -> Plan:
+    """The call's Plan: from the cache, or validated (raising TypeError / ValueError) and built."""
+    try:
+        sig = signature(x, weight, bias, cu_seqlens, backend)
+        plan = _plans.get(sig)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable backend: validation names it
+        sig = plan = None
+    if plan is not None:
+        if cu_seqlens is not None:
+            checks.check_cu_values(cu_seqlens, plan.S)
+        return plan
+    plan = Plan(checks.check_problem(x, weight, bias, cu_seqlens, backend), x, weight, bias, cu_seqlens)
+    if sig is not None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[sig] = plan
+    return plan
+
+
+def _forward(plan: Plan, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
+             y: Tensor) -> None:
+    """y <- silu(conv(x)) for a validated call (its plan); y has x's shape and dtype."""
+    if plan.fwd is not None and y.is_contiguous():  # the fast path: launch set-up done, no views
+        with _on_device(plan.device_index):
+            plan.fwd.run(x, weight, bias, cu_seqlens, y)
         return
-    x_SC = rows_view(x, p.S, p.C)
-    y_SC = _rows_out(y, p.S, p.C)
+    S, C = plan.S, plan.C
+    if S == 0:
+        return
+    x_SC = rows_view(x, S, C)
+    y_SC = _rows_out(y, S, C)
     w_CW, b_C = _contiguous(weight), _contiguous(bias)
-    if p.backend == "triton":
-        with _device_of(x_SC):
-            triton_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, y_SC)
+    if plan.backend == "triton":
+        with _on_device(plan.device_index):
+            triton_forward(x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, y_SC)
     else:
-        reference_forward(x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, out_SC=y_SC)
+        reference_forward(x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, out_SC=y_SC)
     if not y.is_contiguous():
         y.copy_(y_SC.view(y.shape))
 
 
-def _backward(p: checks.Problem, dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], dx: Tensor,
-              ws_F: Optional[Tensor], dw_CW: Tensor, db_C: Optional[Tensor]) -> None:
-    """dx, dw_CW and db_C (if not None) for a validated problem and a checked dy.
+def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor],
+              cu_seqlens: Optional[Tensor], dx: Tensor, ws_F: Optional[Tensor], dw_CW: Tensor, db_C: Optional[Tensor]) -> None:
+    """dx, dw_CW and db_C (if not None; dw's dtype) for a validated call and dy: ``launches`` is
+    ``plan.backward_for(dy, x, dw_CW.dtype)``, which checked dy.
 
     ws_F: FP32 workspace of ``backward_workspace_floats(S, C)`` elements (Triton; None: allocated).
     """
-    S, C = p.S, p.C
+    S, C = plan.S, plan.C
+    if launches is not None and dx.is_contiguous():  # the fast path: launch set-up done, no views
+        if ws_F is None:
+            ws_F = dw_CW.new_empty(plan.n_ws, dtype=torch.float32)
+        with _on_device(plan.device_index):
+            launches.run(dy, x, weight, bias, cu_seqlens, dx, ws_F, dw_CW, db_C)
+        return
     if S == 0:
         dw_CW.zero_()
         if db_C is not None:
@@ -125,13 +261,13 @@ def _backward(p: checks.Problem, dy: Tensor, x: Tensor, weight: Tensor, bias: Op
     dy_SC = rows_view(dy, S, C)
     dx_SC = _rows_out(dx, S, C)
     w_CW, b_C = _contiguous(weight), _contiguous(bias)
-    if p.backend == "triton":
+    if plan.backend == "triton":
         if ws_F is None:
-            ws_F = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=x.device)
-        with _device_of(x_SC):
-            triton_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len, dx_SC, ws_F, dw_CW, db_C)
+            ws_F = torch.empty(plan.n_ws, dtype=torch.float32, device=plan.device)
+        with _on_device(plan.device_index):
+            triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, dx_SC, ws_F, dw_CW, db_C)
     else:
-        dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w_CW, b_C, p.cu_seqlens, p.seq_len)
+        dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len)
         dx_SC.copy_(dx32)
         dw_CW.copy_(dw32)
         if db_C is not None:
@@ -146,9 +282,9 @@ def _backward(p: checks.Problem, dy: Tensor, x: Tensor, weight: Tensor, bias: Op
 def forward_into_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
                     backend: str, y: Tensor) -> None:
     """y <- silu(causal_conv1d(x)) per document, validated first (see ``cake_causal_conv1d_det``)."""
-    p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
+    plan = plan_for(x, weight, bias, cu_seqlens, backend)
     checks.check_like("out", y, x.shape, x.dtype, x.device)
-    _forward(p, x, weight, bias, y)
+    _forward(plan, x, weight, bias, cu_seqlens, y)
 
 
 @forward_into_op.register_fake
@@ -164,9 +300,9 @@ def backward_into_op(dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tenso
 
     workspace: FP32, at least ``backward_workspace_floats(S, C)`` elements.
     """
-    p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
-    checks.check_dy(dy, x)
-    _backward(p, dy, x, weight, bias, dx, workspace, dweight, dbias if bias is not None else None)
+    plan = plan_for(x, weight, bias, cu_seqlens, backend)
+    launches = plan.backward_for(dy, x, dweight.dtype)
+    _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx, workspace, dweight, dbias if bias is not None else None)
 
 
 @backward_into_op.register_fake
@@ -262,13 +398,13 @@ def cake_causal_conv1d_det_train_forward(x, weight, bias=None, cu_seqlens=None, 
         y = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
         forward_into_op(x, weight, bias, cu_seqlens, backend, y)
         return y
-    p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
+    plan = plan_for(x, weight, bias, cu_seqlens, backend)
     if out is not None:
         checks.check_like("out", out, x.shape, x.dtype, x.device)
         y = out
     else:
-        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _forward(p, x, weight, bias, y)
+        y = torch.empty_like(x, memory_format=_CONTIGUOUS)
+    _forward(plan, x, weight, bias, cu_seqlens, y)
     return y
 
 
@@ -285,50 +421,43 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
-        checks.check_dy(dy, x)
+        plan = plan_for(x, weight, bias, cu_seqlens, backend)
+        launches = plan.backward_for(dy, x, dweight_dtype)  # checks dy
     if dweight_dtype not in _GRAD_DTYPES:
         raise TypeError(f"dweight_dtype must be torch.float32, bfloat16 or float16, got {dweight_dtype}")
     if dx is not None and not compiling:
         checks.check_like("dx", dx, x.shape, x.dtype, x.device)
     C = x.shape[-1]
     S = x.numel() // C if C else 0
-    n_ws = backward_workspace_floats(S, C)
+    n_ws = plan.n_ws if not compiling else backward_workspace_floats(S, C)
     if workspace is not None:
         nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)
         if not compiling:
             _check_workspace(workspace, nbytes, x.device)
-        ws_F = workspace.view(-1).view(torch.uint8)[:nbytes].view(torch.float32)
-        size = torch.finfo(dweight_dtype).bits // 8
-        dw_CW = ws_F[n_ws:n_ws + 4 * C].view(torch.uint8)[: 4 * C * size].view(dweight_dtype).view(C, 4)
+        # bytes [0, 4 n_ws): the FP32 partials; then dweight at 4 n_ws and dbias at 4 n_ws + 16 C (FP32-sized slots)
+        ws_U = workspace if workspace.dim() == 1 and workspace.dtype == torch.uint8 else workspace.view(-1).view(torch.uint8)
+        at, size = 4 * n_ws, dweight_dtype.itemsize
+        ws_F = ws_U[:at].view(torch.float32)
+        dw_CW = ws_U[at:at + 4 * C * size].view(dweight_dtype).view(C, 4)
         db_C = None
         if bias is not None:
-            db_C = ws_F[n_ws + 4 * C:n_ws + 5 * C].view(torch.uint8)[: C * size].view(dweight_dtype)
-        ws_F = ws_F[:n_ws]
+            db_C = ws_U[at + 16 * C:at + 16 * C + C * size].view(dweight_dtype)
     else:
         ws_F = None
-        dw_CW = torch.empty((C, 4), dtype=dweight_dtype, device=x.device)
-        db_C = torch.empty((C,), dtype=dweight_dtype, device=x.device) if bias is not None else None
-    dx_out = dx if dx is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dw_CW = torch.empty_like(weight, dtype=dweight_dtype, memory_format=_CONTIGUOUS)
+        db_C = weight.new_empty(C, dtype=dweight_dtype) if bias is not None else None
+    dx_out = dx if dx is not None else torch.empty_like(x, memory_format=_CONTIGUOUS)
     if compiling:
         if ws_F is None:
             ws_F = torch.empty(n_ws, dtype=torch.float32, device=x.device)
         db = db_C if db_C is not None else dw_CW.new_empty((0,))
         backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db)
     else:
-        _backward(p, dy, x, weight, bias, dx_out, ws_F, dw_CW, db_C)
+        _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx_out, ws_F, dw_CW, db_C)
     return dx_out, dw_CW, db_C
 
 
 # --------------------------------------------------------------------- 4. autograd Function
-
-def _grad_dtype(weight: Tensor, bias: Optional[Tensor]) -> torch.dtype:
-    """dtype the dweight/dbias sums are written in: the weight's, or FP32 when the bias differs
-    (then each is rounded once from FP32 to its own dtype)."""
-    if bias is None or bias.dtype == weight.dtype:
-        return weight.dtype
-    return torch.float32
-
 
 class CakeCausalConv1dDetFunction(torch.autograd.Function):
     """Packed width-4 depthwise causal conv1d + SiLU with a deterministic backward.
@@ -361,12 +490,12 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
         if torch.compiler.is_compiling():
             y = torch.empty_like(x, memory_format=torch.contiguous_format)
             forward_into_op(x, weight, bias, cu_seqlens, backend, y)
-            ctx.problem = None
+            ctx.plan = None
         else:
-            p = checks.check_problem(x, weight, bias, cu_seqlens, backend)
-            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            _forward(p, x, weight, bias, y)
-            ctx.problem = p
+            plan = plan_for(x, weight, bias, cu_seqlens, backend)
+            y = torch.empty_like(x, memory_format=_CONTIGUOUS)
+            _forward(plan, x, weight, bias, cu_seqlens, y)
+            ctx.plan = plan
         ctx.save_for_backward(x, weight, bias, cu_seqlens)
         ctx.backend = backend
         return y
@@ -374,21 +503,22 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, cu_seqlens = ctx.saved_tensors
-        gdt = _grad_dtype(weight, bias)
-        p = ctx.problem
-        if p is None or torch.compiler.is_compiling():
+        plan = ctx.plan
+        if plan is None or torch.compiler.is_compiling():
             dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, weight, bias, cu_seqlens,
-                                                               dweight_dtype=gdt, backend=ctx.backend)
+                                                               dweight_dtype=_grad_dtype(weight, bias),
+                                                               backend=ctx.backend)
         else:
-            checks.check_dy(dy, x)
-            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            C = p.C
+            gdt = plan.gdt
+            launches = plan.backward_for(dy, x, gdt)  # checks dy
+            dx = torch.empty_like(x, memory_format=_CONTIGUOUS)
+            C = plan.C
             if bias is not None:
-                dwb = torch.empty(((TAPS + 1) * C,), dtype=gdt, device=x.device)
+                dwb = weight.new_empty((TAPS + 1) * C, dtype=gdt)
                 dw, db = dwb[:TAPS * C].view(C, TAPS), dwb[TAPS * C:]
             else:
-                dw, db = torch.empty((C, TAPS), dtype=gdt, device=x.device), None
-            _backward(p, dy, x, weight, bias, dx, None, dw, db)
+                dw, db = torch.empty_like(weight, dtype=gdt, memory_format=_CONTIGUOUS), None
+            _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx, None, dw, db)
         if dw.dtype != weight.dtype:
             dw = dw.to(weight.dtype)
         if db is not None and db.dtype != bias.dtype:

@@ -105,17 +105,18 @@ def _hooks_set() -> bool:
 class Kernel:
     """A ``@triton.jit`` kernel and its compiled variants, launched without per-call binding.
 
-    ``launch(grid, pointers, dtypes, scalars, constants, warps, maxnreg=None)``: the kernel's
-    parameters are its pointer parameters (``pointers``, tensors), then its integer parameters
-    (``scalars``), then its constexprs (``constants``), in that order, as every kernel of this
-    package declares them; ``warps`` and ``maxnreg`` are the launch options (FP contraction is
-    always off). ``dtypes``: a tuple that determines every pointer's dtype given the constants
-    (the launcher's knowledge, e.g. y has x's dtype; the specialization tests check it).
+    ``prepare(grid, dtypes, scalars, constants, warps, maxnreg=None)`` fixes everything of a launch
+    but the pointers and returns a ``Prepared`` launch; ``launch(grid, pointers, ...)`` is prepare
+    and run in one. The kernel's parameters are its pointer parameters (``pointers``, tensors), then
+    its integer parameters (``scalars``), then its constexprs (``constants``), in that order, as
+    every kernel of this package declares them; ``warps`` and ``maxnreg`` are the launch options (FP
+    contraction is always off). ``dtypes``: a tuple that determines every pointer's dtype given the
+    constants (the launcher's knowledge, e.g. y has x's dtype; the specialization tests check it).
 
-    The compiled kernel is cached under (device, dtypes, constants, options) when
-    every pointer is 16-byte aligned (module docstring) and launched directly with the pointers
-    passed as addresses (no ``data_ptr`` call or driver pointer query per argument in the
-    launcher); otherwise, and for the first launch of a key, ``kernel[grid](...)`` runs it.
+    The compiled kernel is cached under (device, dtypes, constants, options) when every pointer is
+    16-byte aligned (module docstring) and launched directly with the pointers passed as addresses
+    (no ``data_ptr`` call or driver pointer query per argument in the launcher); otherwise, and for
+    the first launch of a key, ``kernel[grid](...)`` runs it.
     """
 
     def __init__(self, fn):
@@ -123,28 +124,62 @@ class Kernel:
         self.name = fn.__name__
         self._compiled: dict = {}
 
+    def prepare(self, grid, dtypes, scalars, constants, warps, maxnreg=None) -> "Prepared":
+        return Prepared(self, grid, dtypes, scalars, constants, warps, maxnreg)
+
     def launch(self, grid, pointers, dtypes, scalars, constants, warps, maxnreg=None):
+        Prepared(self, grid, dtypes, scalars, constants, warps, maxnreg).run(pointers)
+
+
+class Prepared:
+    """One launch of a ``Kernel`` with all but its pointers fixed; ``run(pointers)`` launches it.
+
+    Launchers build these from shapes, dtypes and strides alone, so a caller that has seen the same
+    operand metadata before (conv.py's plans) reuses them: a run then reads the pointers' addresses,
+    checks their alignment and launches the compiled kernel it found the last time.
+    """
+
+    __slots__ = ("kernel", "grid", "key", "args", "warps", "maxnreg", "_device", "_compiled")
+
+    def __init__(self, kernel, grid, dtypes, scalars, constants, warps, maxnreg=None):
+        self.kernel = kernel
+        self.grid = grid
+        self.key = (dtypes, constants, warps, maxnreg)
+        self.args = (*scalars, *constants)
+        self.warps = warps
+        self.maxnreg = maxnreg
+        self._device = None  # the device of the compiled kernel remembered in _compiled
+        self._compiled = None
+
+    def run(self, pointers):
         addrs = [p.data_ptr() for p in pointers]
         bits = 0
         for a in addrs:
             bits |= a
-        key = None if bits & 15 else (dtypes, constants, warps, maxnreg)
         if _recording is not None:
-            _recording.append(Launch(self, key, grid, (*pointers, *scalars, *constants), _options(warps, maxnreg)))
+            key = None if bits & 15 else self.key
+            _recording.append(Launch(self.kernel, key, self.grid, (*pointers, *self.args),
+                                     _options(self.warps, self.maxnreg)))
             if not _recording_launches:
                 return
         if INTERPRET:
-            self.fn[grid](*pointers, *scalars, *constants, **_options(warps, maxnreg))
+            self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg))
             return
         device = _cuda_getDevice()
-        compiled = self._compiled.get((device, key)) if key is not None else None
-        if compiled is None or _hooks_set():
-            compiled = self.fn[grid](*pointers, *scalars, *constants, **_options(warps, maxnreg))
-            if key is not None:
-                self._compiled[(device, key)] = compiled
-            return
-        compiled.run(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *addrs, *scalars, *constants)
+        if not bits & 15:
+            compiled = self._compiled
+            if compiled is None or self._device != device:
+                compiled = self.kernel._compiled.get((device, self.key))
+                self._device, self._compiled = device, compiled
+            if compiled is not None and not _hooks_set():
+                grid = self.grid
+                compiled.run(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), compiled.function,
+                             compiled.packed_metadata, None, None, None, *addrs, *self.args)
+                return
+        compiled = self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg))
+        if not bits & 15:
+            self.kernel._compiled[(device, self.key)] = compiled
+            self._device, self._compiled = device, compiled
 
 
 FWD = Kernel(cake_conv_fwd_kernel)
@@ -186,12 +221,45 @@ def backward_workspace_floats(S: int, C: int) -> int:
     return 5 * C * (n_leaves + n_groups)
 
 
-def _segments(cu_seqlens, seq_len, S):
-    """(cu or None, n_seg, seq_len) kernel arguments."""
-    if cu_seqlens is not None:
-        return cu_seqlens, cu_seqlens.shape[0] - 1, max(S, 1)
+def _segments(S, n_cu, seq_len):
+    """(n_seg, T) kernel arguments: n_cu = cu_seqlens.shape[0] (None: uniform documents of seq_len)."""
+    if n_cu is not None:
+        return n_cu - 1, max(S, 1)
     T = seq_len if seq_len else max(S, 1)
-    return None, cdiv(S, T), T
+    return cdiv(S, T), T
+
+
+class ForwardLaunch:
+    """The forward kernel's launch for one operand layout (``prepare_forward``).
+
+    ``run(x_SC, w_CW, b_C, cu, y_SC, hist_NHC=None)`` with tensors of the layout it was prepared
+    for (x and y may be any views of those rows, e.g. [1, S, C]: only their addresses are read).
+    """
+
+    __slots__ = ("main",)
+
+    def __init__(self, main: Prepared):
+        self.main = main
+
+    def run(self, x_SC, w_CW, b_C, cu, y_SC, hist_NHC=None):
+        # b, cu and hist stand in with w when absent (the kernel does not read them then)
+        self.main.run((x_SC, y_SC, w_CW, w_CW if b_C is None else b_C, w_CW if cu is None else cu,
+                       w_CW if hist_NHC is None else hist_NHC))
+
+
+def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtype, n_cu, seq_len,
+                    has_hist=False, config=None) -> ForwardLaunch:
+    """The forward launch for S > 0 rows of C channels: row strides (multiples of 8) and dtypes of
+    x / y (y has x's dtype), w, b (None: no bias) and cu (None: uniform documents of seq_len);
+    n_cu = cu_seqlens.shape[0]; has_hist: KCP history rows are given (x's dtype)."""
+    assert S > 0
+    n_seg, T = _segments(S, n_cu, seq_len)
+    cfg = config or tuning.pick_fwd_config(C, x_dtype.itemsize, INTERPRET)
+    consts = (x_stride // 8, y_stride // 8, b_dtype is not None, cu_dtype is not None, has_hist,
+              cfg.R, cfg.SUB, cfg.BC, cfg.stages)
+    dtypes = (x_dtype, w_dtype, b_dtype or w_dtype, cu_dtype or w_dtype)
+    return ForwardLaunch(FWD.prepare((cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1), dtypes,
+                                     (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg))
 
 
 def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, config=None):
@@ -200,31 +268,43 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
     S, C = x_SC.shape
     if S == 0:
         return y_SC
-    cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
-    cfg = config or tuning.pick_fwd_config(C, x_SC.element_size(), INTERPRET)
-    b = b_C if b_C is not None else w_CW
-    cu_t = cu if cu is not None else w_CW
-    hist = hist_NHC if hist_NHC is not None else w_CW
-    consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, cu is not None, hist_NHC is not None,
-              cfg.R, cfg.SUB, cfg.BC, cfg.stages)
-    # y and hist have x's dtype (validated / built so); b, cu and hist stand in with w when absent
-    FWD.launch((cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1), (x_SC, y_SC, w_CW, b, cu_t, hist),
-               (x_SC.dtype, w_CW.dtype, b.dtype, cu_t.dtype), (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
+    prepare_forward(S, C, x_SC.stride(0), y_SC.stride(0), x_SC.dtype, w_CW.dtype,
+                    None if b_C is None else b_C.dtype, None if cu_seqlens is None else cu_seqlens.dtype,
+                    None if cu_seqlens is None else cu_seqlens.shape[0], seq_len, hist_NHC is not None,
+                    config).run(x_SC, w_CW, b_C, cu_seqlens, y_SC, hist_NHC)
     return y_SC
 
 
-def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
-                    hist_NHC=None, fut_NHC=None, config=None):
-    """Launch the three backward kernels; writes dx_SC, dw_CW and (if given) db_C.
+class BackwardLaunches:
+    """The three backward kernels' launches for one operand layout (``prepare_backward``).
 
-    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
-    (and fut_NHC, or None while the look-ahead halo is still in flight: triton_dx_rows then
-    rewrites the affected rows).
+    ``run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None)`` with
+    tensors of the layout it was prepared for; writes dx, dw and (if given) db.
     """
-    S, C = x_SC.shape
-    cfg = config or tuning.pick_bwd_config(C, x_SC.element_size(), INTERPRET, has_bias=b_C is not None)
-    assert fut_NHC is None or hist_NHC is not None
-    cu, n_seg, T = _segments(cu_seqlens, seq_len, S)
+
+    __slots__ = ("main", "group", "finalize", "gs_offset")
+
+    def __init__(self, main: Prepared, group: Prepared, finalize: Prepared, gs_offset: int):
+        self.main, self.group, self.finalize, self.gs_offset = main, group, finalize, gs_offset
+
+    def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None):
+        w = w_CW  # stands in for the absent optional pointers
+        self.main.run((x_SC, dy_SC, dx_SC, w, w if b_C is None else b_C, w if cu is None else cu,
+                       w if hist_NHC is None else hist_NHC, w if fut_NHC is None else fut_NHC, ws_F))
+        gs_F = ws_F[self.gs_offset:]  # the group sums start at leaf n_leaves
+        self.group.run((ws_F, gs_F))
+        self.finalize.run((gs_F, dw_CW, dw_CW if db_C is None else db_C))
+
+
+def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_dtype, b_dtype, cu_dtype,
+                     n_cu, seq_len, dw_dtype, has_hist=False, has_fut=False, config=None) -> BackwardLaunches:
+    """The backward launches for S > 0 rows of C channels: row strides (multiples of 8) of x, dy and
+    dx (dx has x's dtype), the dtypes of x, dy, w, b (None: no bias; db then has dw's dtype too),
+    cu (None: uniform documents of seq_len) and dw; n_cu = cu_seqlens.shape[0]; has_hist /
+    has_fut: KCP halo rows given (hist: x's dtype; fut: FP32)."""
+    assert S > 0 and (has_hist or not has_fut)
+    cfg = config or tuning.pick_bwd_config(C, x_dtype.itemsize, INTERPRET, has_bias=b_dtype is not None)
+    n_seg, T = _segments(S, n_cu, seq_len)
     R = cfg.R
     logr = R.bit_length() - 1
     assert 1 << logr == R and R <= TREE_LEAVES
@@ -232,25 +312,37 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     n_leaves = cdiv(S, BWD_SUB)
     n_groups = cdiv(n_leaves, TREE_LEAVES)
     C5 = 5 * C
-    b = b_C if b_C is not None else w_CW
-    cu_t = cu if cu is not None else w_CW
-    hist = hist_NHC if hist_NHC is not None else w_CW
-    fut = fut_NHC if fut_NHC is not None else w_CW
-    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, cu is not None,
-              hist_NHC is not None, fut_NHC is not None, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
+    consts = (x_stride // 8, dy_stride // 8, dx_stride // 8, b_dtype is not None, cu_dtype is not None,
+              has_hist, has_fut, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
     # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
-    BWD.launch((n_nodes * cdiv(C, cfg.BC), 1, 1), (x_SC, dy_SC, dx_SC, w_CW, b, cu_t, hist, fut, ws_F),
-               (x_SC.dtype, dy_SC.dtype, w_CW.dtype, b.dtype, cu_t.dtype), (S, C // 8, n_seg, T), consts,
-               cfg.num_warps, cfg.maxnreg)
-    gs_F = ws_F[n_leaves * C5:]
+    main = BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1),
+                       (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_dtype or w_dtype),
+                       (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
     blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
-    BWD_GROUP.launch((n_groups, cdiv(C5, blk), 1), (ws_F, gs_F), (), (n_nodes, C5),
-                     (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk), warps)
+    group = BWD_GROUP.prepare((n_groups, cdiv(C5, blk), 1), (), (n_nodes, C5),
+                              (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk), warps)
     fblk = 16 if INTERPRET else _FINAL_BLK
-    db = db_C if db_C is not None else dw_CW
-    BWD_FINALIZE.launch((cdiv(C, fblk), 1, 1), (gs_F, dw_CW, db), (dw_CW.dtype, db.dtype), (n_groups, C),
-                        (db_C is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
+    finalize = BWD_FINALIZE.prepare((cdiv(C, fblk), 1, 1), (dw_dtype, dw_dtype), (n_groups, C),
+                                    (b_dtype is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
+    return BackwardLaunches(main, group, finalize, n_leaves * C5)
+
+
+def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
+                    hist_NHC=None, fut_NHC=None, config=None):
+    """Launch the three backward kernels; writes dx_SC, dw_CW and (if given) db_C (dw's dtype).
+
+    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
+    (and fut_NHC, or None while the look-ahead halo is still in flight: triton_dx_rows then
+    rewrites the affected rows).
+    """
+    S, C = x_SC.shape
+    assert db_C is None or db_C.dtype == dw_CW.dtype
+    prepare_backward(S, C, x_SC.stride(0), dy_SC.stride(0), dx_SC.stride(0), x_SC.dtype, dy_SC.dtype, w_CW.dtype,
+                     None if b_C is None else b_C.dtype, None if cu_seqlens is None else cu_seqlens.dtype,
+                     None if cu_seqlens is None else cu_seqlens.shape[0], seq_len, dw_CW.dtype,
+                     hist_NHC is not None, fut_NHC is not None,
+                     config).run(dy_SC, x_SC, w_CW, b_C, cu_seqlens, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC)
     return dx_SC, dw_CW, db_C
 
 
