@@ -5,6 +5,8 @@ on the first (the host was shared with 8 pytest workers): the 16-call chain at S
 (ours, the trivial Function, silu), the no-grad forward, the workspace entry points, and the eager
 loop against GPU time at S = 250,340, C = 128 and 512. Writes $OUT/host_probe.json. The benchmark
 proper (bench_cake_causal_conv1d_det.py --host-cost --eager) measures the same on a quiet host.
+Session 11 (s11_call1.sh) runs it alone, on a quiet host, alternating two code versions (PYTHONPATH)
+as an A/B; PROBE_NAME names its output, $OUT/<PROBE_NAME>.json (default host_probe).
 """
 import json, os, statistics, sys, time
 import torch
@@ -101,5 +103,6 @@ for C2 in (128, 512):
     rows[f"frac_eager_{C2}"] = 10 * S2 * C2 / (rows[f"eager_{C2}_us"] * 1e-6) / 1e9 / rows["copy_GBps"]
 rows["ratio_chain"] = rows["chain_ours"] / rows["chain_trivial"]
 out = os.environ.get("OUT", ".")
-json.dump(rows, open(os.path.join(out, "host_probe.json"), "w"), indent=1)
-for k, v in rows.items(): print(f"{k:20s} {v:10.2f}")
+rows["cakeconv_path"] = os.path.dirname(cakeconv.__file__)
+json.dump(rows, open(os.path.join(out, os.environ.get("PROBE_NAME", "host_probe") + ".json"), "w"), indent=1)
+for k, v in rows.items(): print(f"{k:20s} {v:10.2f}" if isinstance(v, float) else f"{k:20s} {v}")
