@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------- 1. validated problem -> buffers
+# ------------------------------------------------------------------- rows, devices, grad dtype
 
 def rows_view(t: Tensor, S: int, C: int) -> Tensor:
     """t as [S, C] rows with unit channel stride and a row stride that is a multiple of 8.
@@ -114,7 +114,7 @@ def _grad_dtype(weight: Tensor, bias: Optional[Tensor]) -> torch.dtype:
     return torch.float32
 
 
-# ------------------------------------------------- 0. plans: validation and launch set-up, cached
+# ------------------------------------- plans: validation and launch set-up, cached per signature
 
 class Plan:
     """What validation and the launch set-up derive from a call's operand metadata.
@@ -158,8 +158,8 @@ class Plan:
 
     def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype):
         """The prepared backward launches for this dy (checked here the first time its layout is
-        seen; a bad dy raises) writing a fresh contiguous dx and dw / db of ``dw_dtype``; None when
-        the general path must run (no fast path for this problem, or dy's rows need a copy)."""
+        seen; a bad dy raises) writing a contiguous dx and dw / db of ``dw_dtype``; None when the
+        general path must run (no fast path for this problem, or dy's rows need a copy)."""
         try:
             key = (dy.shape, dy.stride(), dy.dtype, dy.device, dw_dtype)
         except (AttributeError, TypeError):  # not a tensor: the check names it
@@ -215,6 +215,8 @@ def plan_for(x, weight, bias, cu_seqlens, backend) -> Plan:
         _plans[sig] = plan
     return plan
 
+
+# ------------------------------------------------------------ 1. a validated call -> buffers
 
 def _forward(plan: Plan, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
              y: Tensor) -> None:

@@ -3,8 +3,10 @@
 Shape legend: S packed tokens, C channels, N segments, L leaves of BWD_SUB rows, G groups,
 n listed rows (KCP boundary rows), K halo rows.
 
-Each launcher computes its grid and arguments and calls ``Kernel.launch``, which launches the
-compiled kernel directly instead of through ``kernel[grid](...)``. The latter binds every argument,
+Each launcher computes its grid and arguments into a ``Prepared`` launch (``Kernel.prepare``;
+``prepare_forward`` / ``prepare_backward`` from metadata alone, so that conv.py's plans keep them
+across calls), whose ``run`` launches the compiled kernel directly instead of through
+``kernel[grid](...)``. The latter binds every argument,
 derives Triton's specialization of each (dtype and 16-byte alignment of pointers, integers equal
 to 1 or divisible by 16) and looks up its cache on every call, and its C launcher then asks the
 driver about every pointer: about 17 us of host time on the H200 machine for a 19-argument
@@ -136,7 +138,9 @@ class Prepared:
 
     Launchers build these from shapes, dtypes and strides alone, so a caller that has seen the same
     operand metadata before (conv.py's plans) reuses them: a run then reads the pointers' addresses,
-    checks their alignment and launches the compiled kernel it found the last time.
+    checks their alignment and launches the compiled kernel it found the last time. A plan's
+    launches always run on its operands' device (conv.py makes it current), so the remembered
+    kernel is looked up again only if that ever differs.
     """
 
     __slots__ = ("kernel", "grid", "key", "args", "warps", "maxnreg", "_device", "_compiled")
