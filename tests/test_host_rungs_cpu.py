@@ -20,8 +20,8 @@ def test_every_rung_is_timed_against_the_trivial_function(tmp_path):
     rows = {}
     for line in out.stdout.splitlines():
         parts = line.split()
-        if len(parts) >= 3 and parts[0] in ("full", "no_launch", "no_launcher", "trivial"):
+        if len(parts) >= 3 and parts[0] in ("full", "no_launch", "no_launcher", "floor", "trivial"):
             rows[parts[0]] = (float(parts[1]), float(parts[2]))
-    assert set(rows) == {"full", "no_launch", "no_launcher", "trivial"}, out.stdout
+    assert set(rows) == {"full", "no_launch", "no_launcher", "floor", "trivial"}, out.stdout
     assert rows["trivial"][1] == 1.0
     assert all(us > 0 for us, _ in rows.values())

@@ -10,6 +10,9 @@ under TRITON_INTERPRET=1 and the kernels never run, taking away one rung at a ti
     no_launch    ``Prepared.run`` replaced by a function that returns at once
     no_launcher  the prepared launches' ``run`` (``ForwardLaunch`` / ``BackwardLaunches``) replaced
                  too (what is left: the public function, autograd, plan lookup, allocation)
+    floor        an autograd.Function with this op's structure and no work: the same five inputs
+                 and four saved operands, y allocated in the forward, dx, dweight and the workspace
+                 in the backward, dx and dweight returned (what any op of this design costs)
     trivial      an autograd.Function that returns ``x.clone()`` (the issue's baseline)
 
 S is tiny (the work is nothing); the trivial Function's clone costs what a small copy costs here.
@@ -87,6 +90,27 @@ def trivial(y, w, cu):
     return _TRIVIAL(y, w, None)
 
 
+class _Floor(torch.autograd.Function):
+    """The op's structure, no validation, no launch (the ``floor`` rung)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, cu, backend):
+        ctx.save_for_backward(x, w, b, cu)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, cu = ctx.saved_tensors
+        dx = torch.empty_like(x)
+        dw = torch.empty_like(w)
+        w.new_empty(5 * C * 2)  # the workspace
+        return dx, dw, None, None, None
+
+
+def floor(y, w, cu):
+    return _Floor.apply(y, w, None, cu, "triton")
+
+
 @contextlib.contextmanager
 def replaced(obj, name, value):
     old = getattr(obj, name)
@@ -114,7 +138,7 @@ def run_without_launching(self, pointers):
     return None
 
 
-RUNGS = ("full", "no_launch", "no_launcher", "trivial")
+RUNGS = ("full", "no_launch", "no_launcher", "floor", "trivial")
 
 
 @contextlib.contextmanager
@@ -130,6 +154,8 @@ def rung(name):
         with replaced(launch.ForwardLaunch, "run", lambda self, *a, **k: None), \
                 replaced(launch.BackwardLaunches, "run", lambda self, *a, **k: None):
             yield ours
+    elif name == "floor":
+        yield floor
     else:
         yield trivial
 
