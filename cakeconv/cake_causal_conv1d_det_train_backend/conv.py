@@ -46,6 +46,7 @@ from .constants import TAPS
 from .kernels.launch import (
     _cuda_getDevice,
     backward_workspace_floats,
+    optional_meta,
     prepare_backward,
     prepare_forward,
     triton_backward,
@@ -129,12 +130,11 @@ class Plan:
     prepared backward per dy layout. Holds no tensor (a later call's cu_seqlens is its own).
     """
 
-    __slots__ = ("S", "C", "seq_len", "backend", "dtype", "device", "device_index", "gdt", "n_ws", "fwd",
-                 "_bwd", "_layout")
+    __slots__ = ("S", "C", "seq_len", "backend", "dtype", "device_index", "gdt", "n_ws", "fwd", "_bwd", "_layout")
 
     def __init__(self, p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu: Optional[Tensor]):
         self.S, self.C, self.seq_len, self.backend = p.S, p.C, p.seq_len, p.backend
-        self.dtype, self.device = x.dtype, x.device
+        self.dtype = x.dtype
         self.device_index = x.get_device()
         self.gdt = _grad_dtype(weight, bias)
         self.n_ws = backward_workspace_floats(p.S, p.C)
@@ -147,14 +147,8 @@ class Plan:
         if x_stride is None:
             return
         # (x row stride, w dtype, b dtype, cu dtype, cu entries): what the backward's set-up needs too
-        self._layout = (x_stride, weight.dtype, None if bias is None else bias.dtype,
-                        None if cu is None else cu.dtype, None if cu is None else cu.shape[0])
-        self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, weight.dtype, self._layout[2],
-                                   self._layout[3], self._layout[4], p.seq_len)
-
-    def problem(self, cu_seqlens: Optional[Tensor]) -> checks.Problem:
-        """The validated problem with this call's cu_seqlens (for the general path)."""
-        return checks.Problem(self.S, self.C, cu_seqlens, self.seq_len, self.backend)
+        self._layout = (x_stride, weight.dtype, *optional_meta(bias, cu))
+        self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, *self._layout[1:], p.seq_len)
 
     def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype):
         """The prepared backward launches for this dy (checked here the first time its layout is
@@ -265,7 +259,7 @@ def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias:
     w_CW, b_C = _contiguous(weight), _contiguous(bias)
     if plan.backend == "triton":
         if ws_F is None:
-            ws_F = torch.empty(plan.n_ws, dtype=torch.float32, device=plan.device)
+            ws_F = dw_CW.new_empty(plan.n_ws, dtype=torch.float32)
         with _on_device(plan.device_index):
             triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, dx_SC, ws_F, dw_CW, db_C)
     else:

@@ -225,6 +225,14 @@ def backward_workspace_floats(S: int, C: int) -> int:
     return 5 * C * (n_leaves + n_groups)
 
 
+def optional_meta(b_C, cu_seqlens):
+    """(b dtype, cu dtype, cu entries) of the optional operands, None where absent: what the
+    prepare functions take of them."""
+    if cu_seqlens is None:
+        return None if b_C is None else b_C.dtype, None, None
+    return None if b_C is None else b_C.dtype, cu_seqlens.dtype, cu_seqlens.shape[0]
+
+
 def _segments(S, n_cu, seq_len):
     """(n_seg, T) kernel arguments: n_cu = cu_seqlens.shape[0] (None: uniform documents of seq_len)."""
     if n_cu is not None:
@@ -272,10 +280,8 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
     S, C = x_SC.shape
     if S == 0:
         return y_SC
-    prepare_forward(S, C, x_SC.stride(0), y_SC.stride(0), x_SC.dtype, w_CW.dtype,
-                    None if b_C is None else b_C.dtype, None if cu_seqlens is None else cu_seqlens.dtype,
-                    None if cu_seqlens is None else cu_seqlens.shape[0], seq_len, hist_NHC is not None,
-                    config).run(x_SC, w_CW, b_C, cu_seqlens, y_SC, hist_NHC)
+    prepare_forward(S, C, x_SC.stride(0), y_SC.stride(0), x_SC.dtype, w_CW.dtype, *optional_meta(b_C, cu_seqlens),
+                    seq_len, hist_NHC is not None, config).run(x_SC, w_CW, b_C, cu_seqlens, y_SC, hist_NHC)
     return y_SC
 
 
@@ -343,9 +349,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     S, C = x_SC.shape
     assert db_C is None or db_C.dtype == dw_CW.dtype
     prepare_backward(S, C, x_SC.stride(0), dy_SC.stride(0), dx_SC.stride(0), x_SC.dtype, dy_SC.dtype, w_CW.dtype,
-                     None if b_C is None else b_C.dtype, None if cu_seqlens is None else cu_seqlens.dtype,
-                     None if cu_seqlens is None else cu_seqlens.shape[0], seq_len, dw_CW.dtype,
-                     hist_NHC is not None, fut_NHC is not None,
+                     *optional_meta(b_C, cu_seqlens), seq_len, dw_CW.dtype, hist_NHC is not None, fut_NHC is not None,
                      config).run(dy_SC, x_SC, w_CW, b_C, cu_seqlens, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC)
     return dx_SC, dw_CW, db_C
 
