@@ -69,7 +69,9 @@ Peers (each is used only when it imports; otherwise a note is printed and it is 
   daobuild (benchmarks/tools/build_dao.sh).
 
 Ours: cakeconv.cake_causal_conv1d_det_train_forward / _backward (GPU time, provider "ours"), the autograd op
-cakeconv.cake_causal_conv1d_det (eager loop, host cost; GPU time with provider "ours_ag").
+cakeconv.cake_causal_conv1d_det (eager loop, host cost; GPU time with provider "ours_ag"). Provider
+"ours_search": ours with the per-token segment indices switched off (rows of programs that touch 5+
+documents placed by a binary search, the kernels before v12), the same bits (checked): v12's A/B in one run.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ PASS_LABEL = {"fwd": "fwd", "bwd": "bwd", "fwdbwd": "fwd+bwd"}
 FLOOR_FACTOR = {"fwd": 2, "bwd": 3, "fwdbwd": 5}  # times S*C*itemsize(x): 4, 6, 10 bytes per element in bf16
 PEERS = ("fla", "dao")
 BASELINES = ("trivial", "silu")  # host-cost baselines (not in the GPU-time grid)
-ALL_PROVIDERS = ("ours", "ours_ag", "fla", "dao")
+ALL_PROVIDERS = ("ours", "ours_search", "ours_ag", "fla", "dao")
 DEFAULT_PROVIDERS = ("ours", "fla", "dao")
 PROVIDER_ORDER = ALL_PROVIDERS + BASELINES
 
@@ -616,6 +618,44 @@ class OursProvider(Provider):
         return {"ws": (pairs, calls)}
 
 
+class OursSearchProvider(OursProvider):
+    """Ours with the per-token segment indices off (kernels/segment_ids.py): rows of programs touching 5+
+    documents placed by a binary search over cu_seqlens, as before v12. The same kernels otherwise, so
+    ``--providers ours,ours_search`` is v12's A/B in one run; the check requires the same bits."""
+
+    name = "ours_search"
+
+    def __init__(self, cakeconv, backend):
+        super().__init__(cakeconv, backend)
+        from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
+
+        self.launch = launch
+
+    def _searching(self, fn):
+        launch = self.launch
+
+        def call(*args):
+            launch.use_ids = False
+            try:
+                return fn(*args)
+            finally:
+                launch.use_ids = True
+
+        return call
+
+    def callable_for(self, pass_, sh, use_bias):
+        return self._searching(super().callable_for(pass_, sh, use_bias))
+
+    def outputs(self, sh, use_bias):
+        return self._searching(super().outputs)(sh, use_bias)
+
+    def op(self, x, w, b, sh):
+        return self._searching(super().op)(x, w, b, sh)
+
+    def extra_host_items(self, sh, calls):
+        return {}
+
+
 class AutogradProvider(Provider):
     """A provider timed through torch.autograd: fwd = the op, fwd+bwd = op + autograd.grad, bwd = autograd.grad
     over a graph built (per input set) before the timed region and kept with retain_graph=True."""
@@ -781,11 +821,14 @@ class BaselineProvider(Provider):
 def load_providers(torch, names, cakeconv, backend, cuda: bool, notes: list):
     provs = []
     for name in names:
-        if name in ("ours", "ours_ag"):
+        if name in ("ours", "ours_search", "ours_ag"):
             if cakeconv is None:
                 notes.append(f"{name}: skipped, cakeconv did not import")
                 continue
-            provs.append(OursProvider(cakeconv, backend) if name == "ours" else OursAutogradProvider(torch, cakeconv, backend))
+            kinds = {"ours": lambda: OursProvider(cakeconv, backend),
+                     "ours_search": lambda: OursSearchProvider(cakeconv, backend),
+                     "ours_ag": lambda: OursAutogradProvider(torch, cakeconv, backend)}
+            provs.append(kinds[name]())
         elif name == "fla":
             if not cuda:
                 notes.append("fla: skipped (its Triton kernels need a CUDA device)")
@@ -1182,6 +1225,7 @@ def main(argv=None):
                 x0, dy0 = sh.sets[0]
                 ref = reference(torch, sh, x0, dy0, use_bias)
                 y_by = {}
+                same_by = {}  # ours and ours_search: every output, for the bitwise comparison
                 for p in list(active):
                     try:
                         y, dx, dw, db = p.outputs(sh, use_bias)
@@ -1200,8 +1244,17 @@ def main(argv=None):
                     }
                     ok = all(v is not None and v <= CHECK_TOL for k, v in errs.items() if not (k == "db_rel" and not use_bias))
                     y_by[p.name] = y
+                    if p.name in ("ours", "ours_search"):
+                        same_by[p.name] = (y, dx, dw, db)
                     checks.append({"kind": "check", "mix": mix, "S": S, "C": C, "bias": use_bias, "provider": p.name,
                                    **errs, "ok": bool(ok)})
+                if len(same_by) == 2:  # v12's segment indices change no bit of y, dx, dweight, dbias
+                    pairs = list(zip(same_by["ours"], same_by["ours_search"]))
+                    errs = {k: (None if a is None else 0.0 if torch.equal(a, c) else rel_err(torch, a, c))
+                            for k, (a, c) in zip(("y_rel", "dx_rel", "dw_rel", "db_rel"), pairs)}
+                    checks.append({"kind": "check", "mix": mix, "S": S, "C": C, "bias": use_bias,
+                                   "provider": "ours_vs_ours_search", **errs,
+                                   "ok": all(a is None and c is None or torch.equal(a, c) for a, c in pairs)})
                 if "ours" in y_by and "fla" in y_by:
                     yo, yf = y_by["ours"].reshape(-1), y_by["fla"].reshape(-1)
                     d = max(float((yo[i:i + (1 << 24)].float() - yf[i:i + (1 << 24)].float()).abs().max())
@@ -1210,7 +1263,7 @@ def main(argv=None):
                     checks.append({"kind": "check", "mix": mix, "S": S, "C": C, "bias": use_bias, "provider": "ours_vs_fla",
                                    "y_rel": e, "y_max_abs": d, "dx_rel": None, "dw_rel": None, "db_rel": None,
                                    "ok": bool(e <= CHECK_TOL)})
-                del ref, y_by
+                del ref, y_by, same_by
             summary = []
             # GPU time: interleave providers and passes, rotate input sets
             calls = []
@@ -1548,7 +1601,8 @@ def plot(rows, sweep_s, env, out_dir, notes):
     cols = [("gpu", p) for p in PASSES if any(method_of(r) == "gpu" and r["pass"] == p for r in sel)]
     cols += [(m, "fwdbwd") for m in ("eager", "eager_step") if any(method_of(r) == m for r in sel)]
     fig, axes = plt.subplots(len(mixes), len(cols), figsize=(5.0 * len(cols), 3.9 * len(mixes)), squeeze=False)
-    colors = {"ours": "tab:blue", "ours_ag": "tab:cyan", "fla": "tab:orange", "dao": "tab:green"}
+    colors = {"ours": "tab:blue", "ours_search": "tab:purple", "ours_ag": "tab:cyan", "fla": "tab:orange",
+              "dao": "tab:green"}
     for i, mix in enumerate(mixes):
         docs = {r["C"]: r.get("n_docs") for r in sel if mix_of(r) == mix and r.get("n_docs")}
         n_docs = sorted(v for v in docs.values() if v)

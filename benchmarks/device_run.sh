@@ -11,10 +11,13 @@
 #   hostcost   issue 16, one GPU: host cost per call at S=4096 C=256 (ours, FLA, Dao, trivial Function, silu; chain of
 #              16, one call per step, no_grad forward, workspace entry points) + GPU time and eager loop (16-call chain
 #              and one call per step) at the seed mix, S=250340, C=128 and 512 (HOST_ROWS)        -> hostcost.tgz
-#   mixes      issue 17, one GPU: GPU time of fwd and fwd+bwd (MIX_PASSES) for ours, FLA and Dao, document mixes
+#   mixes      issue 17, one GPU: GPU time of fwd and fwd+bwd (MIX_PASSES) for ours, ours_search (v12's A/B: the
+#              segment indices off), FLA and Dao (MIX_PROVIDERS), document mixes
 #              seed, uniform 1-8 / 1-64 / 1-1024, all length 1 (MIXES) x S=250340, C=128,256,512,2048 (MIX_ROWS) -> mixes.tgz
 #   fla        issue 18: flatests then flaexample: the FLA drop-in's GPU tests, examples/train_fla_model.py (carry
 #              .fla; each needs a call of its own: FLA autotunes every kernel on first use)      -> fla/*.log
+#   mixab      issue 17 A/B: ours of each .variants/<name> (git archives, carry .variants) and of this tree on the
+#              document mixes, two alternating rounds                                           -> mixab.tgz
 #   multigpu   the multi-GPU test tier, tests/multigpu/run.sh NGPU                                  -> multigpu.log
 #   e.g. issue 18, a call each:  bash benchmarks/device_run.sh flatests;  bash benchmarks/device_run.sh flaexample  (carry .fla)
 #   kcpbench   torchrun on NGPU (2) GPUs: the KCP benchmark, every layout, the seed workload (S_local = 65536/NGPU) and
@@ -94,7 +97,7 @@ for step in "$@"; do
          rows=$(echo ${HOST_ROWS//,/ } ${MIX_ROWS//,/ } | tr ' ' '\n' | sort -u | tr '\n' ' ')
          (
            for r in $rows; do
-             python3 $BENCH --providers ours --rows "$r" --doc-mix "$MIXES" --bias no --passes fwd,bwd,fwdbwd --reps 1 \
+             python3 $BENCH --providers ours,ours_search --rows "$r" --doc-mix "$MIXES" --bias no --passes fwd,bwd,fwdbwd --reps 1 \
                --warmup 1 --no-check --no-plot --max-sets 2 --copy-bytes 67108864 $BENCH_ARGS --out "/tmp/warm/$r" \
                > "/tmp/warm/$r.log" 2>&1 &
            done
@@ -115,12 +118,37 @@ for step in "$@"; do
          tar -xzOf "$OUT/hostcost.tgz" hostcost/bench_cake_causal_conv1d_det_table.txt 2>/dev/null \
            | sed -n '/^== GPU time/,/^# note/p' | grep -v "^# note" ;;
     mixes) quiet; mkdir -p "$OUT/mixes"
-         python3 $BENCH --providers ours,fla,dao --doc-mix "$MIXES" --rows "$MIX_ROWS" --bias no --passes "$MIX_PASSES" \
+         python3 $BENCH --providers ${MIX_PROVIDERS:-ours,ours_search,fla,dao} --doc-mix "$MIXES" --rows "$MIX_ROWS" \
+           --bias no --passes "$MIX_PASSES" \
            --reps "$MIX_REPS" $BENCH_ARGS --out "$OUT/mixes" 2>"$OUT/mixes/progress.log" > "$OUT/mixes/bench.log"
          r=$?; echo "mixes: exit $r"; [ $r -ne 0 ] && tail -5 "$OUT/mixes/progress.log"
          grep "^# note\|^# check" "$OUT/mixes/bench.log" | head -8; pack mixes
          tar -xzOf "$OUT/mixes.tgz" mixes/bench_cake_causal_conv1d_det_table.txt 2>/dev/null \
            | sed -n '/^== document mixes/,/^# note/p' | grep -v "^# note" ;;
+    mixab) # issue 17 A/B: the document mixes (MIXES x MIX_ROWS, MIX_PASSES) for ours of each code version in
+         # .variants/<name> (git archives; carry .variants) and of this tree: every version's kernels compiled
+         # first (parallel processes), then two alternating timed rounds; one table per version and round
+         mkdir -p "$OUT/mixab"
+         for v in $(ls .variants 2>/dev/null) this; do
+           if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
+           for r in ${MIX_ROWS//,/ }; do
+             PYTHONPATH=$pp:$PYTHONPATH python3 $BENCH --providers ours --rows "$r" --doc-mix "$MIXES" --bias no \
+               --passes fwd,bwd --reps 1 --warmup 1 --no-check --no-plot --max-sets 2 --copy-bytes 67108864 $BENCH_ARGS \
+               --out "/tmp/mixabwarm/${v}_$r" > /dev/null 2>&1 &
+           done
+         done
+         wait
+         for round in 1 2; do
+           for v in $(ls .variants 2>/dev/null) this; do
+             if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
+             d="$OUT/mixab/${v}_$round"; mkdir -p "$d"
+             PYTHONPATH=$pp:$PYTHONPATH python3 $BENCH --providers ours --doc-mix "$MIXES" --rows "$MIX_ROWS" --bias no \
+               --passes "$MIX_PASSES" --reps "$MIX_REPS" --no-plot $BENCH_ARGS --out "$d" 2>"$d/progress.log" > "$d/bench.log"
+             echo "== $v round $round (exit $?)"
+             sed -n '/^== document mixes/,/^$/p' "$d/bench.log" | tail -n +3
+           done
+         done
+         pack mixab ;;
     kcpbench) quiet; mkdir -p "$OUT/kcpbench"
          for run in seed "tokens$((65536 * NGPU))"; do
            extra=""; [ "$run" != seed ] && extra="--tokens $((65536 * NGPU))"

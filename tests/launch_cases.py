@@ -17,6 +17,7 @@ Which case reaches which value (kernel argument: values):
     finalize kernel                   n_groups: 1, 16 (S = 16 * 8192 at C = 8), 3; C: 8, 16, 24
     KCP row kernels (1-rank context)  n_rows: 1, 3, 7, 10, 16, 17, 48; S: 17, 32, 34, 40, 320; n_seg: 2, 7, 32, 34
     halo gather                       n_rows (D * H rows): 6, 21, 96, 102; C: 8, 16, 24, 128, 136
+    segment-index build (5+ segments) n1: 6, 16, 17, 18, ...; S: 1, 16, 17, 100, ...
     a KCP rank of several (S_local: 1, 16; n_seg: 1; 1 row packed): RANK_CASES, recorded on the
     CPU with a stand-in process group (launched for real by the multi-GPU tier, tests/multigpu/)
 """
@@ -80,6 +81,10 @@ SINGLE_CASES = {
     "S3_C24_two_docs": (3, 24, [0, 1, 3], None, True, torch.float32, torch.float32),
     "S4_C8_B4_T1": (4, 8, None, (4, 1, 8), True, torch.bfloat16, torch.bfloat16),
     "S16_C128_16_docs": (16, 128, list(range(17)), None, True, torch.bfloat16, torch.float32),
+    # 5+ documents take per-token segment indices (kernels/segment_ids.py): their build at S = 1
+    # (four empty documents) and with 16 boundaries (n1 = 16)
+    "S1_C8_5_docs_4_empty": (1, 8, [0, 0, 0, 0, 0, 1], None, True, torch.bfloat16, torch.float32),
+    "S100_C16_15_docs": (100, 16, _cu_every(100, 15), None, False, torch.bfloat16, torch.float32),
     "S17_C136_17_docs": (17, 136, list(range(18)), None, False, torch.float16, torch.float32),
     "S32_C16_B2_T16": (32, 16, None, (2, 16, 16), True, torch.bfloat16, torch.float32),
     "S34_C8_B2_T17": (34, 8, None, (2, 17, 8), True, torch.float32, torch.float32),

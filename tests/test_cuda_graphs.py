@@ -48,7 +48,7 @@ def _short_documents(S, n, seed):
 LAYOUTS = {
     # name: (cu at capture, cu copied in before the third replay); the same number of entries
     "four_documents": ([0, 3, 20000, 20001, 65536], [0, 999, 1000, 50000, 65536]),
-    # 4,000 short documents: programs touching many segments (the masked, searching path)
+    # 5+ documents: the kernels read per-token segment indices, whose build is captured too
     "short_documents": (_short_documents(65536, 4000, 1), _short_documents(65536, 4000, 2)),
 }
 
@@ -89,7 +89,7 @@ def test_single_rank_graph_replay_matches_eager(layout):
     before = _allocations()
     with torch.cuda.graph(graph):
         _, dw_s, db_s = step()
-    # the workspace entry points allocate nothing inside the graph (SPEC 6)
+    # the workspace entry points allocate nothing inside the graph (SPEC 6), segment indices included
     by_step = _allocations() - before - by_capture
     assert by_step == 0, f"the step allocated {by_step} times inside the capture (an empty capture: {by_capture})"
 

@@ -208,3 +208,28 @@ def test_gpu_autograd_saves_only_inputs_and_small_backward_peak():
     extra = torch.cuda.max_memory_allocated() - base - dx_bytes - 2 * (w.numel() + b.numel()) * 4
     # Beyond dx (and the tiny dweight/dbias), only the FP32 partials: 5 * C floats per token block.
     assert extra <= 4 * 5 * C * n_blocks + (1 << 20), (extra, n_blocks)
+
+
+@pytest.mark.parametrize("max_len", [1, 8, 64])
+@pytest.mark.parametrize("C", [128, 512, 1160])
+def test_gpu_segment_indices_give_the_search_bits(max_len, C):
+    """Short documents: the kernels place rows by per-token segment indices (kernels/segment_ids.py);
+    with them switched off, by a binary search over cu. Every output is the same bits either way,
+    at the GPU's configurations (the interpreter tier checks its own small ones)."""
+    S = 50021
+    g = torch.Generator().manual_seed(max_len + C)
+    lens = torch.randint(0 if max_len > 1 else 1, max_len + 1, (S,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).clamp_max(S)
+    cu = cu[: int((cu == S).nonzero()[0]) + 1].to(torch.int32).to(DEV)
+    x, w, b, dy = _inputs(S, C, seed=max_len)
+    outs = []
+    for use in (True, False):
+        triton_launch.use_ids = use
+        try:
+            y = cake_causal_conv1d_det_train_forward(x, w, b, cu)
+            outs.append((y,) + tuple(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)))
+        finally:
+            triton_launch.use_ids = True
+    for name, a, c in zip(("y", "dx", "dweight", "dbias"), *outs):
+        assert torch.equal(a, c), name
+    assert rel_err(outs[0][0], causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[x.dtype]

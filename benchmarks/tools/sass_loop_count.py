@@ -5,7 +5,8 @@ Triton ships, finds the two largest loops (backward branches: the masked and the
 loop) and divides their instruction counts by the elements a thread handles per loop step. The
 unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md (v5 candidate).
 
-    python benchmarks/tools/sass_loop_count.py            # instructions per element (C = 512 picks)
+    python benchmarks/tools/sass_loop_count.py            # instructions per element (C = 512 picks), both
+                                                          # segment lookups of many-segment programs
     python benchmarks/tools/sass_loop_count.py --spills   # register spills in the backward's loops per C
 """
 
@@ -62,7 +63,7 @@ def row_loops(sass):
     """(few, general, unmasked): the three row loops in the kernels' code order (address order):
     masked with preloaded boundaries (programs touching at most FEW_SEGMENTS segments; in a
     STEP_BRANCH backward this loop holds both the masked and the unmasked step body), masked with a
-    binary search per row (more segments), unmasked.
+    segment lookup per row (more segments: a binary search, or per-token segment indices), unmasked.
     (Until session 10 they were told apart by size, which swapped the first two in the backward.)"""
     few, general, unmasked = sorted(largest_loops(sass, 3), key=lambda loop: loop[0][0])
     return few, general, unmasked
@@ -70,21 +71,23 @@ def row_loops(sass):
 
 def report(name, sass, regs, elems_per_step):
     """Instructions per element of the three row loops, the unmasked loop's mix, the global loads
-    (LDG: not pipelined; LDGSTS: cp.async, pipelined) and spills of the searching loop."""
+    (LDG: not pipelined; LDGSTS: cp.async, pipelined) and spills of the many-segment loop."""
     few, general, unmasked = row_loops(sass)
     ops = collections.Counter(_opcode(t) for _, t in unmasked)
     mix = ", ".join(f"{k} {v / elems_per_step:.1f}" for k, v in ops.most_common(8))
     general_ops = [_opcode(t) for _, t in general]
+    loads = general_ops.count("LDG")
+    async_loads = general_ops.count("LDGSTS")
     spills = sum(("LDL" in t) or ("STL" in t) for _, t in general)
     print(f"{name}: {regs} registers; per element: unmasked loop {len(unmasked) / elems_per_step:.1f}, "
           f"masked loops {len(few) / elems_per_step:.1f} (few segments) / {len(general) / elems_per_step:.1f} "
-          f"(searching; {general_ops.count('LDG')} LDG, {general_ops.count('LDGSTS')} LDGSTS, {spills} spill "
-          f"accesses in that loop) instructions; unmasked mix: {mix}")
+          f"(many segments; {loads} LDG, {async_loads} LDGSTS, {spills} spill accesses in that loop) "
+          f"instructions; unmasked mix: {mix}")
 
 
-def bwd_consts(cfg, C, bias):
+def bwd_consts(cfg, C, bias, has_cu=True):
     """The backward kernel's compile-time arguments for the tuner's pick at C (contiguous rows)."""
-    return {"HAS_BIAS": bias, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
+    return {"HAS_BIAS": bias, "HAS_CU": has_cu, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
             "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
             "STAGES": cfg.stages, "STEP_BRANCH": cfg.step_branch, "SX8": C // 8, "SDY8": C // 8, "SDX8": C // 8}
 
@@ -108,14 +111,20 @@ def main():
     if "--spills" in sys.argv[1:]:
         spill_report()
         return 0
-    cfg = tuning.pick_fwd_config(512, 2, False)
-    sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
-                               {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
-                                "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg, 6)
-    report(f"forward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
-    cfg = tuning.pick_bwd_config(512, 2, False)
-    sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, 512, True), cfg, 9)
-    report(f"backward {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
+    # HAS_CU True: rows of many-segment programs placed by a binary search over cu; SEGMENT_IDS (2):
+    # by comparing per-token segment indices (kernels/segment_ids.py). --segment-ids: only the latter
+    variants = (2,) if "--segment-ids" in sys.argv[1:] else (True, 2)
+    for has_cu in variants:
+        lookup = "search" if has_cu is True else "segment ids"
+        cfg = tuning.pick_fwd_config(512, 2, False)
+        sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
+                                   {"HAS_BIAS": True, "HAS_CU": has_cu, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
+                                    "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg, 6)
+        report(f"forward ({lookup}) {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
+        cfg = tuning.pick_bwd_config(512, 2, False)
+        sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, 512, True, has_cu),
+                                   cfg, 9)
+        report(f"backward ({lookup}) {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
     return 0
 
 

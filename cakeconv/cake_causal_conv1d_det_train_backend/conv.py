@@ -413,7 +413,10 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
     returned in ``dweight_dtype``. Given ``dx`` (x's shape and dtype) and a ``workspace`` of
     ``cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)`` bytes, the call allocates
     nothing on the Triton backend; dweight and dbias are then views into the workspace (clone
-    them before the workspace is reused, e.g. by a later CUDA-graph replay).
+    them before the workspace is reused, e.g. by a later CUDA-graph replay). One exception, in
+    both entry points: with 5 or more documents, the first call with a ``cu_seqlens`` tensor builds
+    its per-token document index (4 bytes per token, kept while that tensor lives, reused by every
+    later call and by a CUDA graph captured after it).
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:

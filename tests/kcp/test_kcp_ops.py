@@ -147,8 +147,8 @@ def _interp_cases(rank, world, seed):
     n += _check_case(rank, world, cu, None, random_fragments(rng, cu[-1], world), 8, "triton", seed + 1)
     if world == 2:
         # 6 documents of 4 tokens, each cut into two pieces per rank: 12 local segments with halos on
-        # every rank, so the main kernels' programs touch more than 4 segments and place rows by the
-        # segment search, with halo rows (one world size: CI time)
+        # every rank, so the main kernels place rows by per-token segment indices
+        # (kernels/segment_ids.py) here and in the single-rank op (one world size: CI time)
         segments = _check_case(rank, world, list(range(0, 4 * 6 + 1, 4)), "zigzag_per_document", None, 8, "triton",
                                seed + 3)
         assert segments >= 5, f"rank {rank}: {segments} local segments"

@@ -34,6 +34,9 @@ from .common import (
     row_list_setup,
     pairwise_sum_rows,
     FEW_SEGMENTS,
+    SEGMENT_IDS,
+    ids_window,
+    load_ids,
     segment_of_rows,
     segment_window,
     sigmoid_f32,
@@ -149,7 +152,7 @@ def _boundary_steps(c, p0, R: tl.constexpr, SUB: tl.constexpr):
 @triton.jit
 def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
               acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-              cols, cmask, sdx, S, C, n_seg, seq_len, seg,
+              cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
               FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr):
     """One loop step of _bwd_run: g of rows t+3..t+6 (x rows t..t+6 and dy rows t+3..t+6 loaded),
@@ -158,21 +161,37 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
     Returns the accumulators, g of rows t+4..t+6 and the (d, end) of those rows for the next step.
     RECOMPUTE (FEW masked steps of STEP_BRANCH programs): (d, end) of rows t..t+2 come from the
     boundaries in ``seg`` instead (a masked step may follow an unmasked one, which has none).
+    ``ids``: the segment indices of rows t .. t + 6 in a many-segment program with per-token
+    indices (HAS_CU == SEGMENT_IDS, not FEW): each row's (d, start, end) comes from its window of
+    them, and (d, end) of rows t..t+2 too (nothing is carried; the entries past t + 6 that the
+    windows of rows t+4..t+6 would need are never used: their dx is the next step's).
     """
+    IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
+    if IDS:
+        i0, i1, i2, i3, i4, i5, i6 = ids
+        seg3 = ids_window(i0, i1, i2, i3, i4, i5, i6)
+        seg4 = ids_window(i1, i2, i3, i4, i5, i6, i6)
+        seg5 = ids_window(i2, i3, i4, i5, i6, i6, i6)
+        seg6 = ids_window(i3, i4, i5, i6, i6, i6, i6)
+    else:
+        seg3 = seg
+        seg4 = seg
+        seg5 = seg
+        seg6 = seg
     g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            cols, cmask, C, n_seg, seq_len, seg3,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB)
     g4, d4, s4, e4, a3, a2, a1 = bwd_g_rows(xa1, xa2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            cols, cmask, C, n_seg, seq_len, seg4,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB)
     g5, d5, s5, e5, a3, a2, a1 = bwd_g_rows(xa2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            cols, cmask, C, n_seg, seq_len, seg5,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB)
     g6, d6, s6, e6, a3, a2, a1 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            cols, cmask, C, n_seg, seq_len, seg6,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
     dxp = dx_base + i * sdx
@@ -180,6 +199,12 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
         d0, _, e0 = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, True)
         d1, _, e1 = segment_of_rows(cu_ptr, t + 1, seg, n_seg, seq_len, HAS_CU, True)
         d2, _, e2 = segment_of_rows(cu_ptr, t + 2, seg, n_seg, seq_len, HAS_CU, True)
+    if IDS:  # the rows before t are not needed for (d, end): i0 stands in
+        d0, _, e0 = segment_of_rows(cu_ptr, t, ids_window(i0, i0, i0, i0, i1, i2, i3), n_seg, seq_len, HAS_CU, False)
+        d1, _, e1 = segment_of_rows(cu_ptr, t + 1, ids_window(i0, i0, i0, i1, i2, i3, i4), n_seg, seq_len, HAS_CU,
+                                    False)
+        d2, _, e2 = segment_of_rows(cu_ptr, t + 2, ids_window(i0, i0, i0, i2, i3, i4, i5), n_seg, seq_len, HAS_CU,
+                                    False)
     dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
             HAS_FUT, MASKED)
     dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
@@ -222,16 +247,37 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     acc2 = tl.zeros([R, BC], dtype=tl.float32)
     acc3 = tl.zeros([R, BC], dtype=tl.float32)
     accb = tl.zeros([R, BC], dtype=tl.float32)
+    # Many segments with per-token indices: the indices of rows t..t+2 are carried from step to
+    # step, those of rows t+3..t+6 loaded with x and dy (placeholders otherwise; nothing reads them).
+    IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
+    if IDS:
+        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len)
+        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len)
+        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len)
+        i0 = load_ids(cu_ptr, rows0, n_seg, seq_len)
+        i1 = load_ids(cu_ptr, rows0 + 1, n_seg, seq_len)
+        i2 = load_ids(cu_ptr, rows0 + 2, n_seg, seq_len)
+        # the rows after rows0 + 2 are not needed here: (d, end) of rows t..t+2 are the step's
+        seg0 = ids_window(im3, im2, im1, i0, i1, i2, i2)
+        seg1 = ids_window(im2, im1, i0, i1, i2, i2, i2)
+        seg2 = ids_window(im1, i0, i1, i2, i2, i2, i2)
+    else:
+        i0 = rows0 * 0
+        i1 = rows0 * 0
+        i2 = rows0 * 0
+        seg0 = seg
+        seg1 = seg
+        seg2 = seg
     g0, d0, s0, e0, a3, a2, a1 = bwd_g_rows(xm3, xm2, xm1, xa0, dy0, rows0, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            cols, cmask, C, n_seg, seq_len, seg0,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g0, a3, a2, a1, xa0, True)
     g1, d1, s1, e1, a3, a2, a1 = bwd_g_rows(xm2, xm1, xa0, xa1, dy1, rows0 + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            cols, cmask, C, n_seg, seq_len, seg1,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g1, a3, a2, a1, xa1, True)
     g2, d2, s2, e2, a3, a2, a1 = bwd_g_rows(xm1, xa0, xa1, xa2, dy2, rows0 + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
-                                            cols, cmask, C, n_seg, seq_len, seg,
+                                            cols, cmask, C, n_seg, seq_len, seg2,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
     acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g2, a3, a2, a1, xa2, True)
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
@@ -251,6 +297,17 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED)
         dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
         dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
+        if IDS:
+            i3 = load_ids(cu_ptr, t + 3, n_seg, seq_len)
+            i4 = load_ids(cu_ptr, t + 4, n_seg, seq_len)
+            i5 = load_ids(cu_ptr, t + 5, n_seg, seq_len)
+            i6 = load_ids(cu_ptr, t + 6, n_seg, seq_len)
+        else:
+            i3 = i0
+            i4 = i0
+            i5 = i0
+            i6 = i0
+        ids = (i0, i1, i2, i3, i4, i5, i6)
         if MASKED and FEW and STEP_BRANCH:
             # Few segments: only the steps next to a boundary (or reaching row S) take the masked
             # body; the others run the unmasked one, which computes the same bits there.
@@ -258,24 +315,27 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                     acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True)
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True)
             else:
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                     acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True)
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True)
         else:
             acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                 xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                 acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                cols, cmask, sdx, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False)
+                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False)
         xa0 = x4
         xa1 = x5
         xa2 = x6
         g0 = g4
         g1 = g5
         g2 = g6
-        if not (FEW and STEP_BRANCH):  # those recompute (d, end) of their rows: nothing to carry
+        i0 = i4
+        i1 = i5
+        i2 = i6
+        if not (FEW and STEP_BRANCH) and not IDS:  # those recompute (d, end) of their rows: nothing to carry
             d0 = d4
             d1 = d5
             d2 = d6

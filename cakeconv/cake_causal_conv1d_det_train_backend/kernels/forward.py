@@ -25,6 +25,9 @@ from .common import (
     load_window,
     row_list_setup,
     FEW_SEGMENTS,
+    SEGMENT_IDS,
+    ids_window,
+    load_ids,
     segment_of_rows,
     segment_window,
     sigmoid_f32,
@@ -60,17 +63,33 @@ def _fwd_row(yp, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, c
 
 @triton.jit
 def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
-              S, C, n_seg, seq_len, seg,
+              S, C, n_seg, seq_len, seg, ids,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
-    """Outputs of rows t .. t + 3 from the seven rows t - 3 .. t + 3."""
+    """Outputs of rows t .. t + 3 from the seven rows t - 3 .. t + 3.
+
+    ``ids``: the segment indices of rows t - 3 .. t + 3 in a many-segment program with per-token
+    indices (HAS_CU == SEGMENT_IDS, not FEW); each row then gets its own window of them (the
+    forward reads only the rows before: the entries past t + 3 are never used).
+    """
+    if MASKED and (not FEW) and HAS_CU == SEGMENT_IDS:
+        im3, im2, im1, ia, ib, ic, i_d = ids
+        seg0 = ids_window(im3, im2, im1, ia, ib, ic, i_d)
+        seg1 = ids_window(im2, im1, ia, ib, ic, i_d, i_d)
+        seg2 = ids_window(im1, ia, ib, ic, i_d, i_d, i_d)
+        seg3 = ids_window(ia, ib, ic, i_d, i_d, i_d, i_d)
+    else:
+        seg0 = seg
+        seg1 = seg
+        seg2 = seg
+        seg3 = seg
     _fwd_row(yp, t, xm3, xm2, xm1, xa, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg0, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + sy, t + 1, xm2, xm1, xa, xb, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg1, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + 2 * sy, t + 2, xm1, xa, xb, xc, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg2, HAS_CU, HAS_HIST, MASKED, FEW)
     _fwd_row(yp + 3 * sy, t + 3, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg3, HAS_CU, HAS_HIST, MASKED, FEW)
 
 
 @triton.jit
@@ -88,6 +107,17 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
     xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     y_base = row_ptrs(y_ptr, rows0, sy, cols)
+    # Many segments with per-token indices: the indices of the rows, loaded and carried as x is
+    # (placeholders otherwise; nothing reads them).
+    IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
+    if IDS:
+        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len)
+        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len)
+        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len)
+    else:
+        im3 = rows0 * 0
+        im2 = rows0 * 0
+        im1 = rows0 * 0
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
         xp = x_base + i * sx
@@ -95,11 +125,25 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         xb = load_at(xp + sx, t + 1, cmask, S, MASKED)
         xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED)
         xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
+        if IDS:
+            ia = load_ids(cu_ptr, t, n_seg, seq_len)
+            ib = load_ids(cu_ptr, t + 1, n_seg, seq_len)
+            ic = load_ids(cu_ptr, t + 2, n_seg, seq_len)
+            i_d = load_ids(cu_ptr, t + 3, n_seg, seq_len)
+        else:
+            ia = im3
+            ib = im3
+            ic = im3
+            i_d = im3
         _fwd_step(y_base + i * sy, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
-                  cmask, sy, S, C, n_seg, seq_len, seg, HAS_CU, HAS_HIST, MASKED, FEW)
+                  cmask, sy, S, C, n_seg, seq_len, seg, (im3, im2, im1, ia, ib, ic, i_d),
+                  HAS_CU, HAS_HIST, MASKED, FEW)
         xm3 = xb
         xm2 = xc
         xm1 = xd
+        im3 = ib
+        im2 = ic
+        im1 = i_d
 
 
 @triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len"])

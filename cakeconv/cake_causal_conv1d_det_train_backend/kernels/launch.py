@@ -50,13 +50,16 @@ from .backward import (
     cake_conv_bwd_kernel,
 )
 from .forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
+from .common import SEGMENT_IDS
 from .halo import cake_halo_gather_kernel
+from .segment_ids import SegmentIdsCache, cake_segment_ids_kernel, use_segment_ids
 
 try:  # the CUDA build of torch; Triton's own driver reads the stream the same way
     from torch._C import _cuda_getCurrentRawStream, _cuda_getDevice
 except ImportError:  # CPU build (the interpreter and the recorder need neither)
     _cuda_getCurrentRawStream = _cuda_getDevice = None
 
+SEGMENT_IDS_VALUE = SEGMENT_IDS.value  # HAS_CU of a launch with per-token segment ids
 _GROUP_BLK = 64
 _FINAL_BLK = 32
 # Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
@@ -194,7 +197,8 @@ BWD_FINALIZE = Kernel(cake_conv_bwd_finalize_kernel)
 BWD_HEAD = Kernel(cake_conv_bwd_head_kernel)
 BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
 HALO_GATHER = Kernel(cake_halo_gather_kernel)
-KERNELS = (FWD, FWD_ROWS, BWD, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER)
+SEGMENT_IDS_BUILD = Kernel(cake_segment_ids_kernel)
+KERNELS = (FWD, FWD_ROWS, BWD, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
 
 
 _OPTIONS: dict = {}
@@ -225,6 +229,30 @@ def backward_workspace_floats(S: int, C: int) -> int:
     return 5 * C * (n_leaves + n_groups)
 
 
+use_ids = True  # per-token segment indices for many segments (tests switch them off to compare bits)
+SEGMENT_IDS_CACHE = SegmentIdsCache()
+
+
+def triton_segment_ids(cu_N1, out):
+    """Launch the build of out = [cu | ids] (kernels/segment_ids.py); out int32 [N + 1 + S]."""
+    n1 = cu_N1.shape[0]
+    S = out.shape[0] - n1
+    blk, warps = (16, 1) if INTERPRET else (1024, 4)
+    SEGMENT_IDS_BUILD.launch((cdiv(max(n1, S), blk), 1, 1), (cu_N1, out), (cu_N1.dtype,), (n1, S), (blk,), warps)
+    return out
+
+
+def segment_ids_buffer(cu_seqlens, S):
+    """The [cu | per-token segment ids] buffer of this cu_seqlens tensor for S tokens (built on
+    first use, or when the tensor changed, on the current stream; captured under a CUDA graph)."""
+    on_gpu = cu_seqlens.is_cuda and not INTERPRET
+    stream = _cuda_getCurrentRawStream(cu_seqlens.get_device()) if on_gpu else 0
+    capturing = on_gpu and torch.cuda.is_current_stream_capturing()
+    # launches recorded but not run leave the buffer unwritten: not cached then
+    cache = _recording is None or _recording_launches
+    return SEGMENT_IDS_CACHE.get(cu_seqlens, S, stream, capturing, triton_segment_ids, cache)
+
+
 def optional_meta(b_C, cu_seqlens):
     """(b dtype, cu dtype, cu entries) of the optional operands, None where absent: what the
     prepare functions take of them."""
@@ -241,22 +269,34 @@ def _segments(S, n_cu, seq_len):
     return cdiv(S, T), T
 
 
+def _ids_apply(S, C, n_cu) -> bool:
+    """The main kernels have an index variant for this problem (use_segment_ids; the module
+    switch ``use_ids`` picks it at each launch)."""
+    return n_cu is not None and use_segment_ids(n_cu - 1, S, C)
+
+
 class ForwardLaunch:
     """The forward kernel's launch for one operand layout (``prepare_forward``).
 
     ``run(x_SC, w_CW, b_C, cu, y_SC, hist_NHC=None)`` with tensors of the layout it was prepared
     for (x and y may be any views of those rows, e.g. [1, S, C]: only their addresses are read).
+    ``ids``: the variant reading per-token segment indices (None where it does not apply); it runs
+    while ``use_ids`` is set, with cu's index buffer as its cu pointer.
     """
 
-    __slots__ = ("main",)
+    __slots__ = ("main", "ids", "S")
 
-    def __init__(self, main: Prepared):
-        self.main = main
+    def __init__(self, main: Prepared, ids, S: int):
+        self.main, self.ids, self.S = main, ids, S
 
     def run(self, x_SC, w_CW, b_C, cu, y_SC, hist_NHC=None):
         # b, cu and hist stand in with w when absent (the kernel does not read them then)
-        self.main.run((x_SC, y_SC, w_CW, w_CW if b_C is None else b_C, w_CW if cu is None else cu,
-                       w_CW if hist_NHC is None else hist_NHC))
+        b = w_CW if b_C is None else b_C
+        hist = w_CW if hist_NHC is None else hist_NHC
+        if self.ids is not None and use_ids:
+            self.ids.run((x_SC, y_SC, w_CW, b, segment_ids_buffer(cu, self.S), hist))
+        else:
+            self.main.run((x_SC, y_SC, w_CW, b, w_CW if cu is None else cu, hist))
 
 
 def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtype, n_cu, seq_len,
@@ -267,11 +307,15 @@ def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtyp
     assert S > 0
     n_seg, T = _segments(S, n_cu, seq_len)
     cfg = config or tuning.pick_fwd_config(C, x_dtype.itemsize, INTERPRET)
-    consts = (x_stride // 8, y_stride // 8, b_dtype is not None, cu_dtype is not None, has_hist,
-              cfg.R, cfg.SUB, cfg.BC, cfg.stages)
-    dtypes = (x_dtype, w_dtype, b_dtype or w_dtype, cu_dtype or w_dtype)
-    return ForwardLaunch(FWD.prepare((cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1), dtypes,
-                                     (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg))
+    grid = (cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1)
+
+    def variant(has_cu, cu_t):
+        consts = (x_stride // 8, y_stride // 8, b_dtype is not None, has_cu, has_hist, cfg.R, cfg.SUB, cfg.BC, cfg.stages)
+        return FWD.prepare(grid, (x_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype), (S, C // 8, n_seg, T),
+                           consts, cfg.num_warps, cfg.maxnreg)
+
+    ids = variant(SEGMENT_IDS_VALUE, torch.int32) if _ids_apply(S, C, n_cu) else None
+    return ForwardLaunch(variant(cu_dtype is not None, cu_dtype), ids, S)
 
 
 def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, config=None):
@@ -292,15 +336,20 @@ class BackwardLaunches:
     tensors of the layout it was prepared for; writes dx, dw and (if given) db.
     """
 
-    __slots__ = ("main", "group", "finalize", "gs_offset")
+    __slots__ = ("main", "ids", "group", "finalize", "gs_offset", "S")
 
-    def __init__(self, main: Prepared, group: Prepared, finalize: Prepared, gs_offset: int):
-        self.main, self.group, self.finalize, self.gs_offset = main, group, finalize, gs_offset
+    def __init__(self, main: Prepared, ids, group: Prepared, finalize: Prepared, gs_offset: int, S: int):
+        self.main, self.ids, self.group, self.finalize, self.gs_offset, self.S = main, ids, group, finalize, gs_offset, S
 
     def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None):
         w = w_CW  # stands in for the absent optional pointers
-        self.main.run((x_SC, dy_SC, dx_SC, w, w if b_C is None else b_C, w if cu is None else cu,
-                       w if hist_NHC is None else hist_NHC, w if fut_NHC is None else fut_NHC, ws_F))
+        b = w if b_C is None else b_C
+        hist = w if hist_NHC is None else hist_NHC
+        fut = w if fut_NHC is None else fut_NHC
+        if self.ids is not None and use_ids:
+            self.ids.run((x_SC, dy_SC, dx_SC, w, b, segment_ids_buffer(cu, self.S), hist, fut, ws_F))
+        else:
+            self.main.run((x_SC, dy_SC, dx_SC, w, b, w if cu is None else cu, hist, fut, ws_F))
         gs_F = ws_F[self.gs_offset:]  # the group sums start at leaf n_leaves
         self.group.run((ws_F, gs_F))
         self.finalize.run((gs_F, dw_CW, dw_CW if db_C is None else db_C))
@@ -322,20 +371,25 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     n_leaves = cdiv(S, BWD_SUB)
     n_groups = cdiv(n_leaves, TREE_LEAVES)
     C5 = 5 * C
-    consts = (x_stride // 8, dy_stride // 8, dx_stride // 8, b_dtype is not None, cu_dtype is not None,
-              has_hist, has_fut, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
+
+    def variant(has_cu, cu_t):
+        consts = (x_stride // 8, dy_stride // 8, dx_stride // 8, b_dtype is not None, has_cu,
+                  has_hist, has_fut, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
+        return BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1),
+                           (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype),
+                           (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
+
     # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
-    main = BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1),
-                       (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_dtype or w_dtype),
-                       (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
+    main = variant(cu_dtype is not None, cu_dtype)
+    ids = variant(SEGMENT_IDS_VALUE, torch.int32) if _ids_apply(S, C, n_cu) else None
     blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
     group = BWD_GROUP.prepare((n_groups, cdiv(C5, blk), 1), (), (n_nodes, C5),
                               (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk), warps)
     fblk = 16 if INTERPRET else _FINAL_BLK
     finalize = BWD_FINALIZE.prepare((cdiv(C, fblk), 1, 1), (dw_dtype, dw_dtype), (n_groups, C),
                                     (b_dtype is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
-    return BackwardLaunches(main, group, finalize, n_leaves * C5)
+    return BackwardLaunches(main, ids, group, finalize, n_leaves * C5, S)
 
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
