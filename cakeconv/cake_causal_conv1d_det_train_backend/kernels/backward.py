@@ -35,6 +35,7 @@ from .common import (
     pairwise_sum_rows,
     FEW_SEGMENTS,
     SEGMENT_IDS,
+    history_flags,
     ids_window,
     load_ids,
     segment_of_rows,
@@ -62,11 +63,20 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
     """g = dy * silu'(pre) for rows t; also (d, start, end) of their segments when MASKED, and the
     taps a3, a2, a1 after the segment/halo rule (the x rows t-3..t-1 that pre read)."""
     if MASKED:
-        d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
-        pos = t - start
-        a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
-        a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
-        a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+        if HAS_CU == SEGMENT_IDS and (not FEW):
+            # (d, end) of these rows are not read: _bwd_step gives dx_rows the indices themselves
+            d, pos, in3, in2, in1 = history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, HAS_HIST, FEW)
+            start = t - pos
+            end = t
+        else:
+            d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
+            pos = t - start
+            in3 = pos >= 3
+            in2 = pos >= 2
+            in1 = pos >= 1
+        a3 = halo_tap(a3, in3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+        a2 = halo_tap(a2, in2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+        a1 = halo_tap(a1, in1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
     else:
         d = t * 0
         start = t * 0
@@ -79,16 +89,32 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
 
 @triton.jit
 def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT: tl.constexpr, MASKED: tl.constexpr):
+            HAS_FUT: tl.constexpr, MASKED: tl.constexpr, AHEAD_IDS: tl.constexpr = False):
     """dx[t] = w3 g[t] + w2 g[t+1] + w1 g[t+2] + w0 g[t+3] (FMAs in this order), stored.
 
-    Where t + k leaves the segment, g[t + k] is zero, or the look-ahead halo ``fut[d, k-1-q]``.
+    Where t + k leaves the segment, g[t + k] is zero, or the look-ahead halo ``fut[d, k-1-q]``
+    (q: the rows after t inside its segment). AHEAD_IDS: ``end`` is instead the tuple of the
+    segment indices of rows t .. t + 3, and "t + k inside" is their comparison (q clamped to 3,
+    counted only for a halo).
     """
     if MASKED:
-        q = end - 1 - t  # rows after t inside its segment
-        g1 = halo_tap(g1, q >= 1, 0 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
-        g2 = halo_tap(g2, q >= 2, 1 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
-        g3 = halo_tap(g3, q >= 3, 2 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
+        if AHEAD_IDS:
+            i_0, i_p1, i_p2, i_p3 = end
+            in1 = i_p1 == i_0
+            in2 = i_p2 == i_0
+            in3 = i_p3 == i_0
+            if HAS_FUT:
+                q = in1.to(tl.int32) + in2.to(tl.int32) + in3.to(tl.int32)
+            else:
+                q = t * 0  # halo_tap reads no halo without one
+        else:
+            q = end - 1 - t
+            in1 = q >= 1
+            in2 = q >= 2
+            in3 = q >= 3
+        g1 = halo_tap(g1, in1, 0 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
+        g2 = halo_tap(g2, in2, 1 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
+        g3 = halo_tap(g3, in3, 2 - q, d, fut_ptr, cols, cmask, C, n_seg, HAS_FUT)
     dx = w3 * g0
     dx = tl.fma(w2, g1, dx)
     dx = tl.fma(w1, g2, dx)
@@ -199,20 +225,24 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
         d0, _, e0 = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, True)
         d1, _, e1 = segment_of_rows(cu_ptr, t + 1, seg, n_seg, seq_len, HAS_CU, True)
         d2, _, e2 = segment_of_rows(cu_ptr, t + 2, seg, n_seg, seq_len, HAS_CU, True)
-    if IDS:  # the rows before t are not needed for (d, end): i0 stands in
-        d0, _, e0 = segment_of_rows(cu_ptr, t, ids_window(i0, i0, i0, i0, i1, i2, i3), n_seg, seq_len, HAS_CU, False)
-        d1, _, e1 = segment_of_rows(cu_ptr, t + 1, ids_window(i0, i0, i0, i1, i2, i3, i4), n_seg, seq_len, HAS_CU,
-                                    False)
-        d2, _, e2 = segment_of_rows(cu_ptr, t + 2, ids_window(i0, i0, i0, i2, i3, i4, i5), n_seg, seq_len, HAS_CU,
-                                    False)
-    dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT, MASKED)
-    dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT, MASKED)
-    dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT, MASKED)
-    dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT, MASKED)
+    if IDS:  # dx_rows compares the indices of rows t+j .. t+j+3 itself
+        dx_rows(dxp, t, g0, g1, g2, g3, i0, (i0, i1, i2, i3), w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
+                n_seg, HAS_FUT, MASKED, True)
+        dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, i1, (i1, i2, i3, i4), w0, w1, w2, w3, fut_ptr, cols, cmask, sdx,
+                S, C, n_seg, HAS_FUT, MASKED, True)
+        dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, i2, (i2, i3, i4, i5), w0, w1, w2, w3, fut_ptr, cols, cmask,
+                sdx, S, C, n_seg, HAS_FUT, MASKED, True)
+        dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, i3, (i3, i4, i5, i6), w0, w1, w2, w3, fut_ptr, cols, cmask,
+                sdx, S, C, n_seg, HAS_FUT, MASKED, True)
+    else:
+        dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+                HAS_FUT, MASKED)
+        dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
+                HAS_FUT, MASKED)
+        dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
+                n_seg, HAS_FUT, MASKED)
+        dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
+                n_seg, HAS_FUT, MASKED)
     return acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6
 
 

@@ -190,6 +190,35 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
 
 
 @triton.jit
+def history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr,
+                  FEW: tl.constexpr):
+    """(d, pos, in3, in2, in1) of rows t: their segment d, pos = t - start (clamped to 3 with
+    per-token indices; only read where a flag fails) and in_k = (row t - k is in t's segment).
+
+    With per-token indices in a many-segment program (HAS_CU == SEGMENT_IDS, not FEW; ``seg`` from
+    ids_window) the flags are the index comparisons themselves: no count, no second comparison,
+    and pos only for a halo (HAS_HALO). Else from segment_of_rows: in_k = pos >= k.
+    """
+    if HAS_CU == SEGMENT_IDS and (not FEW):
+        i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3, _unused = seg
+        in3 = i_m3 == i_0
+        in2 = i_m2 == i_0
+        in1 = i_m1 == i_0
+        if HAS_HALO:
+            pos = in1.to(tl.int32) + in2.to(tl.int32) + in3.to(tl.int32)
+        else:
+            pos = t * 0  # halo_tap reads no halo without one
+        d = i_0
+    else:
+        d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
+        pos = t - start
+        in3 = pos >= 3
+        in2 = pos >= 2
+        in1 = pos >= 1
+    return d, pos, in3, in2, in1
+
+
+@triton.jit
 def load_rows(ptr, t, stride, cols, cmask, S, ROWMASK: tl.constexpr):
     """FP32 tile [R, BC] of rows t (int32 [R]); rows outside [0, S) read as zero if ROWMASK."""
     offs = t.to(tl.int64)[:, None] * stride + cols[None, :]

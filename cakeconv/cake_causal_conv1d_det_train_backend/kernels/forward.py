@@ -26,6 +26,7 @@ from .common import (
     row_list_setup,
     FEW_SEGMENTS,
     SEGMENT_IDS,
+    history_flags,
     ids_window,
     load_ids,
     segment_of_rows,
@@ -41,11 +42,10 @@ from .common import (
 def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, seg,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, FEW: tl.constexpr):
     """Mask the three history taps of rows t: zero (or halo row) before the segment's start."""
-    d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
-    pos = t - start
-    a3 = halo_tap(a3, pos >= 3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
-    a2 = halo_tap(a2, pos >= 2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
-    a1 = halo_tap(a1, pos >= 1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+    d, pos, in3, in2, in1 = history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, HAS_HIST, FEW)
+    a3 = halo_tap(a3, in3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+    a2 = halo_tap(a2, in2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
+    a1 = halo_tap(a1, in1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
     return a3, a2, a1
 
 
