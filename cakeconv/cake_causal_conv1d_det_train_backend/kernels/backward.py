@@ -36,7 +36,7 @@ from .common import (
     FEW_SEGMENTS,
     SEGMENT_IDS,
     history_flags,
-    ids_window,
+    step_windows,
     load_ids,
     segment_of_rows,
     segment_window,
@@ -63,17 +63,8 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
     """g = dy * silu'(pre) for rows t; also (d, start, end) of their segments when MASKED, and the
     taps a3, a2, a1 after the segment/halo rule (the x rows t-3..t-1 that pre read)."""
     if MASKED:
-        if HAS_CU == SEGMENT_IDS and (not FEW):
-            # (d, end) of these rows are not read: _bwd_step gives dx_rows the indices themselves
-            d, pos, in3, in2, in1 = history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, HAS_HIST, FEW)
-            start = t - pos
-            end = t
-        else:
-            d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
-            pos = t - start
-            in3 = pos >= 3
-            in2 = pos >= 2
-            in1 = pos >= 1
+        d, pos, in3, in2, in1, end = history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, HAS_HIST, FEW)
+        start = t - pos
         a3 = halo_tap(a3, in3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
         a2 = halo_tap(a2, in2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
         a1 = halo_tap(a1, in1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
@@ -195,10 +186,7 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
     IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
     if IDS:
         i0, i1, i2, i3, i4, i5, i6 = ids
-        seg3 = ids_window(i0, i1, i2, i3, i4, i5, i6)
-        seg4 = ids_window(i1, i2, i3, i4, i5, i6, i6)
-        seg5 = ids_window(i2, i3, i4, i5, i6, i6, i6)
-        seg6 = ids_window(i3, i4, i5, i6, i6, i6, i6)
+        seg3, seg4, seg5, seg6 = step_windows(i0, i1, i2, i3, i4, i5, i6)
     else:
         seg3 = seg
         seg4 = seg
@@ -288,9 +276,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         i1 = load_ids(cu_ptr, rows0 + 1, n_seg, seq_len)
         i2 = load_ids(cu_ptr, rows0 + 2, n_seg, seq_len)
         # the rows after rows0 + 2 are not needed here: (d, end) of rows t..t+2 are the step's
-        seg0 = ids_window(im3, im2, im1, i0, i1, i2, i2)
-        seg1 = ids_window(im2, im1, i0, i1, i2, i2, i2)
-        seg2 = ids_window(im1, i0, i1, i2, i2, i2, i2)
+        seg0, seg1, seg2, _unused = step_windows(im3, im2, im1, i0, i1, i2, i2)
     else:
         i0 = rows0 * 0
         i1 = rows0 * 0

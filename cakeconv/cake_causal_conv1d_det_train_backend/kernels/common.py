@@ -192,8 +192,9 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
 @triton.jit
 def history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr,
                   FEW: tl.constexpr):
-    """(d, pos, in3, in2, in1) of rows t: their segment d, pos = t - start (clamped to 3 with
-    per-token indices; only read where a flag fails) and in_k = (row t - k is in t's segment).
+    """(d, pos, in3, in2, in1, end) of rows t: their segment d, pos = t - start (clamped to 3 with
+    per-token indices; only read where a flag fails), in_k = (row t - k is in t's segment), and the
+    segment's end (clamped to t + 4 with per-token indices).
 
     With per-token indices in a many-segment program (HAS_CU == SEGMENT_IDS, not FEW; ``seg`` from
     ids_window) the flags are the index comparisons themselves: no count, no second comparison,
@@ -209,13 +210,23 @@ def history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, HAS_HALO
         else:
             pos = t * 0  # halo_tap reads no halo without one
         d = i_0
+        end = t + 1 + (i_p1 == i_0).to(tl.int32) + (i_p2 == i_0).to(tl.int32) + (i_p3 == i_0).to(tl.int32)
     else:
         d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
         pos = t - start
         in3 = pos >= 3
         in2 = pos >= 2
         in1 = pos >= 1
-    return d, pos, in3, in2, in1
+    return d, pos, in3, in2, in1, end
+
+
+@triton.jit
+def step_windows(i0, i1, i2, i3, i4, i5, i6):
+    """The ids_window of rows r + 3 .. r + 6 from the segment indices i0..i6 of rows r .. r + 6
+    (a loop step's rows; the entries past r + 6 repeat i6: only the last row's look-ahead reads
+    them, and a loop step never uses those rows' ends)."""
+    return (ids_window(i0, i1, i2, i3, i4, i5, i6), ids_window(i1, i2, i3, i4, i5, i6, i6),
+            ids_window(i2, i3, i4, i5, i6, i6, i6), ids_window(i3, i4, i5, i6, i6, i6, i6))
 
 
 @triton.jit

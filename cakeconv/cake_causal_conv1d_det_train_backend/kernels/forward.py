@@ -27,11 +27,10 @@ from .common import (
     FEW_SEGMENTS,
     SEGMENT_IDS,
     history_flags,
-    ids_window,
     load_ids,
-    segment_of_rows,
     segment_window,
     sigmoid_f32,
+    step_windows,
     store_at,
     load_at,
     row_ptrs,
@@ -42,7 +41,7 @@ from .common import (
 def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, seg,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, FEW: tl.constexpr):
     """Mask the three history taps of rows t: zero (or halo row) before the segment's start."""
-    d, pos, in3, in2, in1 = history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, HAS_HIST, FEW)
+    d, pos, in3, in2, in1, _end = history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, HAS_HIST, FEW)
     a3 = halo_tap(a3, in3, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
     a2 = halo_tap(a2, in2, pos + 1, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
     a1 = halo_tap(a1, in1, pos + 2, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST)
@@ -73,10 +72,7 @@ def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, h
     """
     if MASKED and (not FEW) and HAS_CU == SEGMENT_IDS:
         im3, im2, im1, ia, ib, ic, i_d = ids
-        seg0 = ids_window(im3, im2, im1, ia, ib, ic, i_d)
-        seg1 = ids_window(im2, im1, ia, ib, ic, i_d, i_d)
-        seg2 = ids_window(im1, ia, ib, ic, i_d, i_d, i_d)
-        seg3 = ids_window(ia, ib, ic, i_d, i_d, i_d, i_d)
+        seg0, seg1, seg2, seg3 = step_windows(im3, im2, im1, ia, ib, ic, i_d)
     else:
         seg0 = seg
         seg1 = seg
