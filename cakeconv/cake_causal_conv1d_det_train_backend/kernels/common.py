@@ -8,9 +8,9 @@ row of every sub-run. Segment boundaries come from ``cu`` (``HAS_CU``) or, for [
 from the uniform length ``seq_len`` (boundaries d * T). A program whose rows (and the rows its
 taps reach) contain no boundary takes the unmasked path; otherwise it places each row t in its
 segment d(t): by comparing t with the boundaries it loaded once when the program touches at most
-FEW_SEGMENTS segments (nearly always), else by one load of a per-token segment index (built once
-per cu_seqlens, kernels/segment_ids.py) or, without those, a binary search restricted to its
-segments.
+FEW_SEGMENTS segments (nearly always), else by comparing the per-token segment indices of
+neighbouring rows (built once per cu_seqlens, kernels/segment_ids.py) or, without those, a binary
+search restricted to its segments.
 """
 
 import triton
@@ -132,7 +132,7 @@ def load_ids(cu_ptr, t, n_seg, seq_len):
 
 @triton.jit
 def ids_window(i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3):
-    """The ``seg`` that segment_of_rows takes with HAS_CU == SEGMENT_IDS in a many-segment program:
+    """The ``seg`` that history_flags takes with HAS_CU == SEGMENT_IDS in a many-segment program:
     load_ids of rows t - 3 .. t + 3 for rows t."""
     return (i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3, 0)
 
@@ -142,12 +142,12 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
     """(d, start, end) of the segment holding each row t ([R] int32), searched in seg's d_lo..d_hi.
 
     FEW (the program touches at most FEW_SEGMENTS segments): compares with the boundaries c_j that
-    segment_window loaded, no loads here; else, with HAS_CU == SEGMENT_IDS, ``seg`` is instead the
-    tuple ids_window gives for rows t (their indices and those of the 3 rows on each side) and
-    start, end are clamped to 3 rows from t; else a binary search over cu. Rows at or past S are
-    placed in the last segment (d_hi, or N); nothing of theirs is stored, and halo_tap reads
-    no halo row for them outside the halo buffers. Rows t are >= 0.
+    segment_window loaded, no loads here; else a binary search over cu. Rows at or past S are
+    placed in the last segment searched (d_hi); nothing of theirs is stored, and halo_tap reads
+    no halo row for them outside the halo buffers. Many-segment programs with per-token indices
+    never come here (history_flags and dx_rows compare the indices themselves).
     """
+    tl.static_assert(HAS_CU != SEGMENT_IDS or FEW, "per-token indices: use history_flags")
     d_lo, d_hi, n_iter, c0, c1, c2, c3, c4 = seg
     if HAS_CU:
         if FEW:
@@ -157,18 +157,6 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
             d, start, end = _step_segment(t, 1, d_lo, d_hi, c1, c2, d, start, end)
             d, start, end = _step_segment(t, 2, d_lo, d_hi, c2, c3, d, start, end)
             d, start, end = _step_segment(t, 3, d_lo, d_hi, c3, c4, d, start, end)
-        elif HAS_CU == SEGMENT_IDS:
-            # seg is the row's window of segment indices (ids_window): the rows before t in its
-            # segment are those with t's index (indices never decrease along the rows, so the
-            # matches are the nearest ones), likewise the rows after it. No load, no search, and
-            # the same (d, start, end) as the search below, clamped to 3 rows on each side: every
-            # use reads only pos >= k, q >= k (k <= 3) and, where those fail, pos or q themselves.
-            i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3, _unused = seg
-            back = (i_m1 == i_0).to(tl.int32) + (i_m2 == i_0).to(tl.int32) + (i_m3 == i_0).to(tl.int32)
-            ahead = (i_p1 == i_0).to(tl.int32) + (i_p2 == i_0).to(tl.int32) + (i_p3 == i_0).to(tl.int32)
-            d = i_0
-            start = t - back
-            end = t + 1 + ahead
         else:
             lo = tl.zeros_like(t) + d_lo
             hi = tl.zeros_like(t) + d_hi
@@ -198,7 +186,9 @@ def history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, HAS_HALO
 
     With per-token indices in a many-segment program (HAS_CU == SEGMENT_IDS, not FEW; ``seg`` from
     ids_window) the flags are the index comparisons themselves: no count, no second comparison,
-    and pos only for a halo (HAS_HALO). Else from segment_of_rows: in_k = pos >= k.
+    and pos only for a halo (HAS_HALO). The indices never decrease along the rows, so the rows
+    that share t's index are the nearest ones and in3 => in2 => in1, as pos >= k would give: the
+    same values as the search, so the same bits. Else from segment_of_rows: in_k = pos >= k.
     """
     if HAS_CU == SEGMENT_IDS and (not FEW):
         i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3, _unused = seg
