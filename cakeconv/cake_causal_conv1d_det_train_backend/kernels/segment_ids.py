@@ -10,8 +10,9 @@ such. Once per ``cu_seqlens``, ``cake_segment_ids_kernel`` writes the int32 buff
     [cu[0], ..., cu[N], ids[0], ..., ids[S - 1]]      ids[t] = max{d : cu[d] <= t}
 
 (the segment of token t; empty segments never hold a token), and the main kernels, launched with
-``HAS_CU == SEGMENT_IDS``, read a row's segment with one load. They compute the same (segment,
-start, end) for every row either way, so no bit of any result changes. The buffer costs 4 bytes
+``HAS_CU == SEGMENT_IDS``, load each row's index once and compare neighbouring rows' indices
+(kernels/common.py, history_flags). They compute the same masks for every row either way, so no
+bit of any result changes. The buffer costs 4 bytes
 per token (0.2% of the forward's traffic at C = 512 in bf16).
 
 ``SegmentIdsCache`` keeps one buffer per ``cu_seqlens`` tensor, checked by identity, version, S and
