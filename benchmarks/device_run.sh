@@ -223,13 +223,13 @@ for step in "$@"; do
          python3 benchmarks/tools/sweep_configs.py --passes bwd --C ${SWEEP_C:-128,256} --reps 20 --out "$OUT/sweepsmall" 2>&1 \
            | tee "$OUT/sweepsmall/sweep.log" | grep -E "best|C=" | tail -30 ;;
     sweepbwd) python3 benchmarks/tools/sweep_configs.py --passes bwd --out "$OUT" 2>&1 | tee "$OUT/sweep_bwd.log" | tail -30 ;;
-    ncu) # ncu counters of the picks at NCU_C (default 128,512), no bias unless NCU_BIAS=yes
+    ncu) # ncu counters of the picks at NCU_C (default 128,512), no bias unless NCU_BIAS=yes; NCU_MIX: a document mix
          NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
          "$NCU" --clock-control none -k 'regex:cake_conv_(fwd|bwd)_kernel' \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
            --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
-           python3 benchmarks/tools/ncu_profile.py --C ${NCU_C:-128,512} --bias ${NCU_BIAS:-no} > "$OUT/ncu.txt" 2>&1
-         grep -E "cake_conv|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|Issued Warp|No Eligible|Executed Ipc|forward|backward" "$OUT/ncu.txt" | head -150 ;;
+           python3 benchmarks/tools/ncu_profile.py --C ${NCU_C:-128,512} --bias ${NCU_BIAS:-no} ${NCU_MIX:+--doc-mix $NCU_MIX} > "$OUT/ncu${NCU_MIX:+_${NCU_MIX//[:]/_}}.txt" 2>&1
+         grep -E "cake_conv|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Stall Long|Warp Cycles Per Issued|Theoretical Occ|Duration|Issued Warp|No Eligible|Executed Ipc|forward|backward|documents" "$OUT/ncu${NCU_MIX:+_${NCU_MIX//[:]/_}}.txt" | head -150 ;;
     benchwarm) # compile every kernel the grid needs in 8 processes at once (Triton's disk cache is shared), so
          # the timed run that follows does not spend ~20 s per new (C, bias, S % 16) compiling (session 3 ran out of time)
          mkdir -p "$OUT/warm"; i=0

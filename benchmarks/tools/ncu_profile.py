@@ -4,10 +4,12 @@
         python benchmarks/tools/ncu_profile.py --C 512
 
 Launches, per C: the forward and the backward with the tuner's picks, plus a device-to-device copy
-of the same bytes. The counters are ncu's output; this script only launches.
+of the same bytes. The counters are ncu's output; this script only launches. ``--doc-mix`` takes a
+mix of the benchmark (e.g. ``uniform:1-8``, ``ones``); without it, the sweep's document lengths.
 """
 
 import argparse
+import os
 import sys
 
 import torch
@@ -15,12 +17,23 @@ import torch
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning
 from sweep_configs import random_cu  # the same document mix as the sweep (benchmarks/tools/ is on sys.path)
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_cake_causal_conv1d_det import mix_lengths, parse_mix  # noqa: E402  (benchmarks/)
+
+
+def mix_cu(S, mix, seed):
+    """cu_seqlens of the benchmark's document mix ``mix`` (int32, on the GPU)."""
+    lens = mix_lengths(parse_mix(mix), S, seed, mean_len=3000)
+    cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0)
+    return cu.to(torch.int32).cuda()
+
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--C", default="512")
     ap.add_argument("--S", type=int, default=250340)
     ap.add_argument("--bias", choices=("yes", "no"), default="yes")
+    ap.add_argument("--doc-mix", default=None, help="a benchmark mix, e.g. uniform:1-8 (default: the sweep's)")
     args = ap.parse_args()
     S = args.S
     for C in [int(c) for c in args.C.split(",")]:
@@ -29,7 +42,8 @@ def main():
         y, dx = torch.empty_like(x), torch.empty_like(x)
         w = torch.randn(C, 4, device="cuda")
         b = torch.randn(C, device="cuda") if args.bias == "yes" else None
-        cu = random_cu(S, C)
+        cu = random_cu(S, C) if args.doc_mix is None else mix_cu(S, args.doc_mix, seed=C)
+        print(f"C={C} documents {cu.numel() - 1} ({args.doc_mix or 'sweep mix'})", flush=True)
         ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
         dw = torch.empty(C, 4, device="cuda")
         db = torch.empty(C, device="cuda") if b is not None else None
