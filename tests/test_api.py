@@ -153,6 +153,29 @@ def test_caller_buffers_are_used():
     assert cake_causal_conv1d_det_train_forward_workspace_bytes(S, C) == 0
 
 
+@pytest.mark.parametrize("dweight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["float32", "uint8_at_offset"])
+def test_workspace_views_land_inside_the_given_workspace(kind, dweight_dtype):
+    """dweight/dbias are views of the caller's workspace: of a float32 workspace, and of a uint8 one
+    that is itself a slice at a byte offset of a larger buffer; their bytes do not overlap."""
+    S, C = 64, 16
+    x, w, b, dy = make_inputs(S, C, seed=9)
+    cu = torch.tensor([0, 10, 64], dtype=torch.int32)
+    nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)
+    if kind == "float32":
+        ws = torch.empty(nbytes // 4, dtype=torch.float32)
+    else:
+        ws = torch.empty(nbytes + 64, dtype=torch.uint8)[32:32 + nbytes]
+    _, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, workspace=ws, dweight_dtype=dweight_dtype)
+    lo, hi = ws.data_ptr(), ws.data_ptr() + nbytes
+    for t in (dw, db):
+        assert t.dtype == dweight_dtype and t.is_contiguous()
+        assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
+    assert dw.data_ptr() + dw.numel() * dw.element_size() <= db.data_ptr()
+    ref = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, dweight_dtype=dweight_dtype)
+    assert torch.equal(dw, ref[1]) and torch.equal(db, ref[2])
+
+
 def _fingerprint():
     S, C = 777, 24
     gen = torch.Generator().manual_seed(123)

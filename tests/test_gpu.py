@@ -147,6 +147,33 @@ def test_gpu_dweight_tree_is_the_documented_order_every_time():
     assert all(torch.equal(a, c) for r in results[1:] for a, c in zip(results[0], r))
 
 
+@pytest.mark.parametrize("S", [700, 8192])
+def test_gpu_one_group_dweight_is_the_documented_order(S):
+    """S <= 8192 (one group): the group kernel writes dweight/dbias itself (no finalize launch).
+    Under two backward configurations and the pick, in FP32 and bf16, with and without bias, they
+    are the bits of the documented order redone on the host from the nodes the backward wrote."""
+    C = 256
+    cu = _random_docs(S, torch.Generator().manual_seed(S))
+    x, w, b, dy = _inputs(S, C, seed=S)
+    n_ws = triton_launch.backward_workspace_floats(S, C)
+    pick = tuning.pick_bwd_config(C, 2, False)
+    cases = [(pick, True, torch.float32), (pick, False, torch.bfloat16)]
+    cases += [(cfg, True, torch.float32) for cfg in list(tuning.BWD_CONFIGS)[:2]]
+    for cfg, bias, dw_dtype in cases:
+        bb = b if bias else None
+        dx = torch.full_like(x, float("nan"))
+        dw = torch.full((C, 4), float("nan"), device=DEV, dtype=dw_dtype)
+        db = torch.full((C,), float("nan"), device=DEV, dtype=dw_dtype) if bias else None
+        ws = torch.full((n_ws,), float("nan"), device=DEV)
+        with triton_launch.record_launches(launch=True) as launches:
+            triton_launch.triton_backward(dy, x, w, bb, cu, None, dx, ws, dw, db, config=cfg)
+        assert [r.kernel.name for r in launches] == ["cake_conv_bwd_kernel", "cake_conv_bwd_group_kernel"], cfg
+        _, dw_host, db_host = backward_tree_from_nodes(ws, S, C, cfg.R)
+        assert torch.equal(dw, dw_host.to(dw_dtype)), (cfg, dw_dtype)
+        if bias:
+            assert torch.equal(db, db_host.to(dw_dtype)), (cfg, dw_dtype)
+
+
 def test_gpu_uniform_batch_and_dtypes():
     B, T, C = 4, 5003, 256
     for dtype, wdtype in [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16), (torch.float32, torch.float32)]:

@@ -436,11 +436,17 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
         # bytes [0, 4 n_ws): the FP32 partials; then dweight at 4 n_ws and dbias at 4 n_ws + 16 C (FP32-sized slots)
         ws_U = workspace if workspace.dim() == 1 and workspace.dtype == torch.uint8 else workspace.view(-1).view(torch.uint8)
         at, size = 4 * n_ws, dweight_dtype.itemsize
-        ws_F = ws_U[:at].view(torch.float32)
-        dw_CW = ws_U[at:at + 4 * C * size].view(dweight_dtype).view(C, 4)
-        db_C = None
-        if bias is not None:
-            db_C = ws_U[at + 16 * C:at + 16 * C + C * size].view(dweight_dtype)
+        if dweight_dtype == torch.float32:  # one FP32 view; dw and db are strided views of it (fewer ops per call)
+            ws_F = ws_U[:at + 20 * C].view(torch.float32)
+            o = ws_F.storage_offset() + n_ws
+            dw_CW = ws_F.as_strided((C, 4), (4, 1), o)
+            db_C = ws_F.as_strided((C,), (1,), o + 4 * C) if bias is not None else None
+        else:
+            ws_F = ws_U[:at].view(torch.float32)
+            dw_CW = ws_U[at:at + 4 * C * size].view(dweight_dtype).view(C, 4)
+            db_C = None
+            if bias is not None:
+                db_C = ws_U[at + 16 * C:at + 16 * C + C * size].view(dweight_dtype)
     else:
         ws_F = None
         dw_CW = torch.empty_like(weight, dtype=dweight_dtype, memory_format=_CONTIGUOUS)

@@ -420,21 +420,38 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     tl.store(base + 4 * C, pairwise_sum_rows(accb, R, BC, LOGR), mask=cmask)
 
 
-@triton.jit(do_not_specialize=["n_nodes", "C5"])
-def cake_conv_bwd_group_kernel(ws_ptr, gs_ptr, n_nodes, C5,
-                               M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr):
-    """gs[g, j] = pairwise tree sum of ws[g * M + i, j], i = 0..M-1 (missing nodes read as 0).
+@triton.jit(do_not_specialize=["n_nodes", "n_leaves", "C"])
+def cake_conv_bwd_group_kernel(ws_ptr, dw_ptr, db_ptr, n_nodes, n_leaves, C,
+                               M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr,
+                               ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """gs[g, j] = pairwise tree sum of ws[g * M + i, j], i = 0..M-1 (missing nodes read as 0),
+    j < 5 * C; the group sums gs start in the workspace at leaf n_leaves (ws + n_leaves * 5 * C).
+
+    ONE_GROUP (S <= TREE_LEAVES * BWD_SUB rows): the group sum is already dweight/dbias, written
+    here in their dtype (no finalize launch). The finalize's tree over one group adds only +0.0
+    terms, and a sum that starts from +0.0 is never -0.0 (in round-to-nearest, x + y = -0.0 needs
+    both -0.0), so it returns the group sum unchanged: the same bits either way.
 
     Grid: (G, cdiv(5 * C, BLK)). M = TREE_LEAVES / R nodes of level log2(R) per group.
     """
     g = tl.program_id(0)
     pj = tl.program_id(1)
+    C5 = 5 * C
     cols = pj * BLK + tl.arange(0, BLK)
     cm = cols < C5
     nodes = g * M + tl.arange(0, M)
     offs = nodes.to(tl.int64)[:, None] * C5 + cols[None, :]
     v = tl.load(ws_ptr + offs, mask=(nodes < n_nodes)[:, None] & cm[None, :], other=0.0)
-    tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, pairwise_sum_rows(v, M, BLK, LOGM), mask=cm)
+    gsum = pairwise_sum_rows(v, M, BLK, LOGM)
+    if ONE_GROUP:
+        k = cols // C  # column j of the group sum is tap k (4: the bias) of channel j - k * C
+        c = cols - k * C
+        tl.store(dw_ptr + c * 4 + k, gsum.to(dw_ptr.dtype.element_ty), mask=cm & (k < 4))
+        if HAS_BIAS:
+            tl.store(db_ptr + c, gsum.to(db_ptr.dtype.element_ty), mask=cm & (k == 4))
+    else:
+        gs_ptr = ws_ptr + tl.cast(C, tl.int64) * 5 * n_leaves  # (tl.cast: either may be a compile-time 1)
+        tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, gsum, mask=cm)
 
 
 @triton.jit
@@ -446,15 +463,17 @@ def _group_block_sum(gs_ptr, blk0, n_groups, k, C, cols, cm, GB: tl.constexpr, L
     return pairwise_sum_rows(v, GB, BLK, LOGGB)
 
 
-@triton.jit(do_not_specialize=["n_groups", "C"])
-def cake_conv_bwd_finalize_kernel(gs_ptr, dw_ptr, db_ptr, n_groups, C,
+@triton.jit(do_not_specialize=["n_leaves", "n_groups", "C"])
+def cake_conv_bwd_finalize_kernel(ws_ptr, dw_ptr, db_ptr, n_leaves, n_groups, C,
                                   HAS_BIAS: tl.constexpr, BLK: tl.constexpr,
                                   GB: tl.constexpr, LOGGB: tl.constexpr):
-    """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c].
+    """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c], gs = ws + n_leaves * 5 * C
+    (launched only for two or more groups: the group kernel finalizes one group itself).
 
     Order: a pairwise tree over each block of GB groups, then the blocks in order. Grid:
     (cdiv(C, BLK),). Results are cast to the dw / db pointers' dtypes.
     """
+    gs_ptr = ws_ptr + tl.cast(C, tl.int64) * 5 * n_leaves
     pc = tl.program_id(0)
     cols = pc * BLK + tl.arange(0, BLK)
     cm = cols < C

@@ -330,16 +330,17 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
 
 
 class BackwardLaunches:
-    """The three backward kernels' launches for one operand layout (``prepare_backward``).
+    """The backward kernels' launches for one operand layout (``prepare_backward``): the main
+    kernel, then the group kernel, then (two or more groups only) the finalize kernel.
 
     ``run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None)`` with
     tensors of the layout it was prepared for; writes dx, dw and (if given) db.
     """
 
-    __slots__ = ("main", "ids", "group", "finalize", "gs_offset", "S")
+    __slots__ = ("main", "ids", "group", "finalize", "S")
 
-    def __init__(self, main: Prepared, ids, group: Prepared, finalize: Prepared, gs_offset: int, S: int):
-        self.main, self.ids, self.group, self.finalize, self.gs_offset, self.S = main, ids, group, finalize, gs_offset, S
+    def __init__(self, main: Prepared, ids, group: Prepared, finalize, S: int):
+        self.main, self.ids, self.group, self.finalize, self.S = main, ids, group, finalize, S
 
     def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None):
         w = w_CW  # stands in for the absent optional pointers
@@ -350,9 +351,10 @@ class BackwardLaunches:
             self.ids.run((x_SC, dy_SC, dx_SC, w, b, segment_ids_buffer(cu, self.S), hist, fut, ws_F))
         else:
             self.main.run((x_SC, dy_SC, dx_SC, w, b, w if cu is None else cu, hist, fut, ws_F))
-        gs_F = ws_F[self.gs_offset:]  # the group sums start at leaf n_leaves
-        self.group.run((ws_F, gs_F))
-        self.finalize.run((gs_F, dw_CW, dw_CW if db_C is None else db_C))
+        db = dw_CW if db_C is None else db_C
+        self.group.run((ws_F, dw_CW, db))
+        if self.finalize is not None:
+            self.finalize.run((ws_F, dw_CW, db))
 
 
 def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_dtype, b_dtype, cu_dtype,
@@ -383,13 +385,17 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
     main = variant(cu_dtype is not None, cu_dtype)
     ids = variant(SEGMENT_IDS_VALUE, torch.int32) if _ids_apply(S, C, n_cu) else None
+    # the group sums start at leaf n_leaves; with one group the group kernel writes dw / db itself
     blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
-    group = BWD_GROUP.prepare((n_groups, cdiv(C5, blk), 1), (), (n_nodes, C5),
-                              (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk), warps)
-    fblk = 16 if INTERPRET else _FINAL_BLK
-    finalize = BWD_FINALIZE.prepare((cdiv(C, fblk), 1, 1), (dw_dtype, dw_dtype), (n_groups, C),
-                                    (b_dtype is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
-    return BackwardLaunches(main, ids, group, finalize, n_leaves * C5, S)
+    group = BWD_GROUP.prepare((n_groups, cdiv(C5, blk), 1), (dw_dtype, dw_dtype), (n_nodes, n_leaves, C),
+                              (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk, n_groups == 1, b_dtype is not None),
+                              warps)
+    finalize = None
+    if n_groups > 1:
+        fblk = 16 if INTERPRET else _FINAL_BLK
+        finalize = BWD_FINALIZE.prepare((cdiv(C, fblk), 1, 1), (dw_dtype, dw_dtype), (n_leaves, n_groups, C),
+                                        (b_dtype is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
+    return BackwardLaunches(main, ids, group, finalize, S)
 
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
