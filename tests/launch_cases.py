@@ -14,7 +14,7 @@ Which case reaches which value (kernel argument: values):
                                       16 (C = 128), 17 (C = 136); n_seg: 1, 3, 16, 17;
                                       seq_len: 1 ([B, 1, C]), 16, 17
     group kernel                      n_nodes: 1, 16 (S = 16 * 256 at R = 4), 3; C5 = 5 C: 40, 80, ...
-    finalize kernel                   n_groups: 1, 16 (S = 16 * 8192 at C = 8), 3; C: 8, 16, 24
+    finalize kernel (2+ groups)       n_groups: 16 (S = 16 * 8192 at C = 8), 3; C: 8, 16, 24
     KCP row kernels (1-rank context)  n_rows: 1, 3, 7, 10, 16, 17, 48; S: 17, 32, 34, 40, 320; n_seg: 2, 7, 32, 34
     halo gather                       n_rows (D * H rows): 6, 21, 96, 102; C: 8, 16, 24, 128, 136
     segment-index build (5+ segments) n1: 6, 16, 17, 18, ...; S: 1, 16, 17, 100, ...
@@ -27,6 +27,18 @@ from __future__ import annotations
 import torch
 
 from cakeconv import build_kcp_context, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
+
+
+# Integer arguments that never take the value 1 (by name, or (kernel, name)): 5 * C (C >= 8), C
+# itself, row strides (>= 8 elements), n1 (the segment-index build runs for 5+ segments), and the
+# finalize kernel's group and leaf counts (it runs for two or more groups; the group kernel
+# finalizes one group itself).
+CANNOT_BE_ONE = {"C5", "C", "so", "sl", "sr", "n1",
+                 ("cake_conv_bwd_finalize_kernel", "n_groups"), ("cake_conv_bwd_finalize_kernel", "n_leaves")}
+
+
+def cannot_be_one(kernel: str, arg: str) -> bool:
+    return arg in CANNOT_BE_ONE or (kernel, arg) in CANNOT_BE_ONE
 
 
 def _inputs(S, C, seed, device, dtype=torch.bfloat16, wdtype=torch.float32, bias=True):

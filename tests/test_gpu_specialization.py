@@ -77,7 +77,6 @@ def test_zz_every_integer_argument_took_1_16k_and_other():
     """Runs last (name order within the module): what the cases above launched on the GPU."""
     if not SEEN:
         pytest.skip("run with the cases of this module")
-    cannot_be_one = {"C5", "C", "so", "sl", "sr", "n1"}  # n1: the segment-index build runs for 5+ segments
     # S = 1 and n_seg = 1 in the row kernels need a rank of several: the multi-GPU tier's
     needs_ranks = {("cake_conv_fwd_rows_kernel", "S"), ("cake_conv_fwd_rows_kernel", "n_seg"),
                    ("cake_conv_bwd_head_kernel", "S"), ("cake_conv_bwd_head_kernel", "n_seg"),
@@ -86,7 +85,7 @@ def test_zz_every_integer_argument_took_1_16k_and_other():
     missing = []
     for (kernel, arg), values in sorted(SEEN.items()):
         need = {"16k": any(v % 16 == 0 and v > 0 for v in values), "other": any(v != 1 and v % 16 for v in values)}
-        if arg not in cannot_be_one and (kernel, arg) not in needs_ranks:
+        if not launch_cases.cannot_be_one(kernel, arg) and (kernel, arg) not in needs_ranks:
             need["1"] = 1 in values
         if not all(need.values()):
             missing.append(f"{kernel}.{arg}: {sorted(values)[:12]}")

@@ -105,15 +105,11 @@ def test_integer_arguments_cover_1_multiples_of_16_and_others(recorded):
         for p, a in zip(r.kernel.fn.params, r.args):
             if not p.is_constexpr and type(a) is int:
                 seen[(r.kernel.name, p.name)].add(a)
-    # values 1 cannot occur: 5 * C (C >= 8), C itself, and row strides (>= 8 elements)
-    cannot_be_one = {"C5", "C", "so", "sl", "sr", "n1"}  # n1: the segment-index build runs for 5+ segments
-    # the finalize kernel runs for two or more groups only (one group: the group kernel finalizes)
-    cannot_be_one |= {("cake_conv_bwd_finalize_kernel", "n_groups"), ("cake_conv_bwd_finalize_kernel", "n_leaves")}
     missing = []
     for (kernel, arg), values in sorted(seen.items()):
         kinds = {"1": 1 in values, "16k": any(v % 16 == 0 and v > 0 for v in values),
                  "other": any(v != 1 and v % 16 for v in values)}
-        if arg in cannot_be_one or (kernel, arg) in cannot_be_one:
+        if launch_cases.cannot_be_one(kernel, arg):
             kinds.pop("1")
         if not all(kinds.values()):
             missing.append(f"{kernel}.{arg}: {sorted(values)[:12]}")
