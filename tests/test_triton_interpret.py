@@ -132,30 +132,30 @@ def test_triton_dweight_tree_over_several_groups():
     assert rel_err(outs[0][1], dwo) < 1e-5 and rel_err(outs[0][2], dbo) < 1e-5
 
 
-@pytest.mark.parametrize("S", [700, 8192])
-def test_triton_one_group_is_finalized_by_the_group_kernel(S):
+@pytest.mark.parametrize("S, R, bias", [(700, 4, True), (8192, 8, False)])
+def test_triton_one_group_is_finalized_by_the_group_kernel(S, R, bias):
     """S <= 8192 rows (one group): two launches, the main kernel and the group kernel, which writes
     dweight/dbias itself; they are the bits of the documented order redone on the host (its
-    finalize over one group), for two node sizes, with and without bias. (FP32 only: the
+    finalize over one group), for two node sizes, with and without bias (a part of a group and a
+    whole one). (FP32 only: the
     interpreter casts FP32 to bf16 by truncation, in the finalize kernel too; the GPU rounds to
     nearest, and the GPU tests compare bf16 dweight with the reference.)"""
     C = 8
     cu = torch.tensor([0, 3, 300, 301, S], dtype=torch.int32)
     x, w, b, dy = make_inputs(S, C, seed=13)
     n_ws = triton_launch.backward_workspace_floats(S, C)
-    for R, bias, dw_dtype in ((4, True, torch.float32), (8, False, torch.float32)):
-        bb = b if bias else None
-        dx = torch.empty_like(x)
-        dw = torch.full((C, 4), float("nan"), dtype=dw_dtype)
-        db = torch.full((C,), float("nan"), dtype=dw_dtype) if bias else None
-        ws = torch.full((n_ws,), float("nan"))
-        with triton_launch.record_launches(launch=True) as launches:
-            triton_launch.triton_backward(dy, x, w, bb, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1))
-        assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_kernel", "cake_conv_bwd_group_kernel"]
-        _, dw_host, db_host = backward_tree_from_nodes(ws, S, C, R)
-        assert torch.equal(dw, dw_host.to(dw_dtype))
-        if bias:
-            assert torch.equal(db, db_host.to(dw_dtype))
+    bb = b if bias else None
+    dx = torch.empty_like(x)
+    dw = torch.full((C, 4), float("nan"))
+    db = torch.full((C,), float("nan")) if bias else None
+    ws = torch.full((n_ws,), float("nan"))
+    with triton_launch.record_launches(launch=True) as launches:
+        triton_launch.triton_backward(dy, x, w, bb, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1))
+    assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_kernel", "cake_conv_bwd_group_kernel"]
+    _, dw_host, db_host = backward_tree_from_nodes(ws, S, C, R)
+    assert torch.equal(dw, dw_host)
+    if bias:
+        assert torch.equal(db, db_host)
 
 
 def test_triton_deterministic_and_autograd():

@@ -400,7 +400,8 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
                     hist_NHC=None, fut_NHC=None, config=None):
-    """Launch the three backward kernels; writes dx_SC, dw_CW and (if given) db_C (dw's dtype).
+    """Launch the backward kernels (main, group, and finalize for two or more groups); writes dx_SC,
+    dw_CW and (if given) db_C (dw's dtype).
 
     ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
     (and fut_NHC, or None while the look-ahead halo is still in flight: triton_dx_rows then
