@@ -38,6 +38,7 @@ from .common import (
     history_flags,
     step_windows,
     load_ids,
+    load_ids4,
     segment_of_rows,
     segment_window,
     sigmoid_f32,
@@ -91,6 +92,8 @@ def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask
     if MASKED:
         if AHEAD_IDS:
             i_0, i_p1, i_p2, i_p3 = end
+            # (as history_flags does for rows before t; not one helper: the comparisons' order
+            # differs, and a shared order changes the SASS of the KCP variant with indices)
             in1 = i_p1 == i_0
             in2 = i_p2 == i_0
             in3 = i_p3 == i_0
@@ -313,16 +316,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED)
         dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
         dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
-        if IDS:
-            i3 = load_ids(cu_ptr, t + 3, n_seg, seq_len)
-            i4 = load_ids(cu_ptr, t + 4, n_seg, seq_len)
-            i5 = load_ids(cu_ptr, t + 5, n_seg, seq_len)
-            i6 = load_ids(cu_ptr, t + 6, n_seg, seq_len)
-        else:
-            i3 = i0
-            i4 = i0
-            i5 = i0
-            i6 = i0
+        i3, i4, i5, i6 = load_ids4(cu_ptr, t, n_seg, seq_len, i0, 3, IDS)
         ids = (i0, i1, i2, i3, i4, i5, i6)
         if MASKED and FEW and STEP_BRANCH:
             # Few segments: only the steps next to a boundary (or reaching row S) take the masked

@@ -131,6 +131,23 @@ def load_ids(cu_ptr, t, n_seg, seq_len):
 
 
 @triton.jit
+def load_ids4(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, IDS: tl.constexpr):
+    """load_ids of rows t + K .. t + K + 3 when IDS, else ``fallback`` four times (a loop step of a
+    program without indices, which never reads them)."""
+    if IDS:
+        i_a = load_ids(cu_ptr, t + K, n_seg, seq_len)
+        i_b = load_ids(cu_ptr, t + (K + 1), n_seg, seq_len)
+        i_c = load_ids(cu_ptr, t + (K + 2), n_seg, seq_len)
+        i_d = load_ids(cu_ptr, t + (K + 3), n_seg, seq_len)
+    else:
+        i_a = fallback
+        i_b = fallback
+        i_c = fallback
+        i_d = fallback
+    return i_a, i_b, i_c, i_d
+
+
+@triton.jit
 def ids_window(i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3):
     """The ``seg`` that history_flags takes with HAS_CU == SEGMENT_IDS in a many-segment program:
     load_ids of rows t - 3 .. t + 3 for rows t."""

@@ -28,6 +28,7 @@ from .common import (
     SEGMENT_IDS,
     history_flags,
     load_ids,
+    load_ids4,
     segment_window,
     sigmoid_f32,
     step_windows,
@@ -121,16 +122,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         xb = load_at(xp + sx, t + 1, cmask, S, MASKED)
         xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED)
         xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
-        if IDS:
-            ia = load_ids(cu_ptr, t, n_seg, seq_len)
-            ib = load_ids(cu_ptr, t + 1, n_seg, seq_len)
-            ic = load_ids(cu_ptr, t + 2, n_seg, seq_len)
-            i_d = load_ids(cu_ptr, t + 3, n_seg, seq_len)
-        else:
-            ia = im3
-            ib = im3
-            ic = im3
-            i_d = im3
+        ia, ib, ic, i_d = load_ids4(cu_ptr, t, n_seg, seq_len, im3, 0, IDS)
         _fwd_step(y_base + i * sy, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
                   cmask, sy, S, C, n_seg, seq_len, seg, (im3, im2, im1, ia, ib, ic, i_d),
                   HAS_CU, HAS_HIST, MASKED, FEW)
