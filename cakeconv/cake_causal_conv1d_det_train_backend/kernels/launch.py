@@ -146,7 +146,7 @@ class Prepared:
     kernel is looked up again only if that ever differs.
     """
 
-    __slots__ = ("kernel", "grid", "key", "args", "warps", "maxnreg", "_device", "_compiled")
+    __slots__ = ("kernel", "grid", "key", "args", "warps", "maxnreg", "_device", "_direct")
 
     def __init__(self, kernel, grid, dtypes, scalars, constants, warps, maxnreg=None):
         self.kernel = kernel
@@ -155,8 +155,15 @@ class Prepared:
         self.args = (*scalars, *constants)
         self.warps = warps
         self.maxnreg = maxnreg
-        self._device = None  # the device of the compiled kernel remembered in _compiled
-        self._compiled = None
+        self._device = None  # the device of the launch function remembered in _direct
+        self._direct = None
+
+    def _find(self, device):
+        """(launch function, arguments between the stream and the pointers) of the compiled kernel
+        of this key on ``device``, remembered; None before the key's first launch."""
+        compiled = self.kernel._compiled.get((device, self.key))
+        self._device, self._direct = device, None if compiled is None else direct_launch(compiled)
+        return self._direct
 
     def run(self, pointers):
         addrs = [p.data_ptr() for p in pointers]
@@ -174,19 +181,36 @@ class Prepared:
             return
         device = _cuda_getDevice()
         if not bits & 15:
-            compiled = self._compiled
-            if compiled is None or self._device != device:
-                compiled = self.kernel._compiled.get((device, self.key))
-                self._device, self._compiled = device, compiled
-            if compiled is not None and not _hooks_set():
+            direct = self._direct if self._device == device else self._find(device)
+            if direct is not None and not _hooks_set():
+                fn, head = direct
                 grid = self.grid
-                compiled.run(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), compiled.function,
-                             compiled.packed_metadata, None, None, None, *addrs, *self.args)
+                fn(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), *head, *addrs, *self.args)
                 return
         compiled = self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg))
         if not bits & 15:
             self.kernel._compiled[(device, self.key)] = compiled
-            self._device, self._compiled = device, compiled
+            self._device, self._direct = device, direct_launch(compiled)
+
+
+def direct_launch(compiled):
+    """How ``Prepared.run`` launches a compiled kernel: (function, arguments between the stream and
+    the kernel's own arguments), called as ``function(gx, gy, gz, stream, *head, *arguments)``.
+
+    Triton's launcher object (``compiled.run``, Python) allocates the kernel's global and profile
+    scratch buffers, when it has any, and calls its C launch function. A kernel without either (all
+    of this package's) is launched by that C function directly, one Python frame less per launch;
+    any other launcher is called as Triton calls it.
+    """
+    launcher = compiled.run
+    c_launch = getattr(launcher, "launch", None)
+    if (c_launch is not None and getattr(launcher, "global_scratch_size", 1) == 0
+            and getattr(launcher, "profile_scratch_size", 1) == 0 and hasattr(launcher, "launch_pdl")):
+        # the C function's arguments: grid, stream, function, cooperative, pdl, global scratch,
+        # profile scratch, packed metadata, launch metadata, enter hook, exit hook, kernel arguments
+        return c_launch, (compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl, None, None,
+                          compiled.packed_metadata, None, None, None)
+    return launcher, (compiled.function, compiled.packed_metadata, None, None, None)
 
 
 FWD = Kernel(cake_conv_fwd_kernel)
