@@ -126,3 +126,46 @@ def test_triton_fast_path_and_general_path_give_the_same_bits():
     want = results[("contiguous", 0)]
     assert torch.equal(y_out, want[0]) and torch.equal(dx_out, want[1])
     assert torch.equal(got[1], want[2]) and torch.equal(got[2], want[3])
+
+
+def test_direct_launch_takes_the_c_function_only_for_kernels_without_scratch():
+    """``launch.direct_launch`` (how a prepared launch calls a compiled kernel): Triton's C launch
+    function with the arguments its launcher object would add, for a kernel with no global or
+    profile scratch; the launcher object itself otherwise (it allocates the scratch)."""
+    from types import SimpleNamespace
+
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels.launch import direct_launch
+
+    def c_launch(*args):
+        return args
+
+    def compiled(global_scratch, profile_scratch):
+        launcher = SimpleNamespace(launch=c_launch, global_scratch_size=global_scratch,
+                                   profile_scratch_size=profile_scratch, launch_cooperative_grid=0, launch_pdl=1)
+        return SimpleNamespace(run=launcher, function=7, packed_metadata=(4, 1, 0))
+
+    fn, head = direct_launch(compiled(0, 0))
+    assert fn is c_launch
+    # grid, stream, then: function, cooperative, pdl, global scratch, profile scratch, metadata,
+    # launch metadata, enter hook, exit hook; then the kernel's arguments
+    assert fn(1, 2, 3, 99, *head, 1000) == (1, 2, 3, 99, 7, 0, 1, None, None, (4, 1, 0), None, None, None, 1000)
+    for scratch in ((256, 0), (0, 64)):
+        k = compiled(*scratch)
+        fn, head = direct_launch(k)
+        assert fn is k.run and head == (7, (4, 1, 0), None, None, None)
+
+
+def test_the_c_launch_function_parses_the_arguments_in_direct_launchs_order():
+    """The installed Triton's C launcher (generated source, no GPU needed) parses its arguments in
+    the order ``direct_launch`` passes them: a Triton upgrade that reorders them fails here, not
+    silently on a GPU."""
+    import re
+
+    from triton.backends.nvidia.driver import make_launcher
+
+    src = make_launcher({}, {0: "*fp32"}, None)
+    parsed = re.search(r"PyArg_ParseTuple\(args, [^,]*, (.*?)\)\) \{", src, re.S).group(1)
+    names = [n.strip().lstrip("&") for n in parsed.split(",")]
+    assert names == ["gridX", "gridY", "gridZ", "_stream", "_function", "launch_cooperative_grid", "launch_pdl",
+                     "global_scratch_obj", "profile_scratch_obj", "kernel_metadata", "launch_metadata",
+                     "launch_enter_hook", "launch_exit_hook", "_arg0"]
