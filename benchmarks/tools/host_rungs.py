@@ -20,8 +20,7 @@ taking away one rung at a time:
 S is tiny (the work is nothing); the trivial Function's clone costs what a small copy costs here.
 Wall time per call = median step time / 16 (on the GPU each step ends with a synchronize). The
 CPU's Python is slower than the H200 host's, so read ratios, not microseconds. On the GPU the tool
-also times single launches (``--device cuda``): ``Prepared.run`` of the forward, Triton's launcher
-object and its C function called directly, and ``torch.empty`` (us per call, 1,000 in a row).
+also times single operations (``--device cuda``; ``single_launches``: host and GPU us per call).
 
     python benchmarks/tools/host_rungs.py [--device cpu|cuda] [--steps 100] [--rounds 7] [--profile]
 """
@@ -37,11 +36,13 @@ import statistics
 import sys
 import time
 
+# --device is read here, before anything imports the kernels (the CPU needs the interpreter set first)
 _DEVICE_ARG = argparse.ArgumentParser(add_help=False)
-_DEVICE_ARG.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-DEVICE = _DEVICE_ARG.parse_known_args()[0].device  # before anything imports the kernels (below)
+_DEVICE_ARG.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                         help="cpu: the interpreter, kernels never run (default); cuda: the GPU, kernels launched")
+DEVICE = _DEVICE_ARG.parse_known_args()[0].device
 if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"  # before anything imports the kernels
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
@@ -253,9 +254,7 @@ def single_launches(n=200):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cpu: the interpreter, kernels never run (default); cuda: the GPU, kernels launched")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[_DEVICE_ARG])
     p.add_argument("--steps", type=int, default=100, help="timed steps per rung and round (default 100)")
     p.add_argument("--rounds", type=int, default=7, help="rounds, the rungs interleaved (default 7)")
     p.add_argument("--profile", action="store_true", help="cProfile of the no_launch rung, top 20 by own time")
