@@ -10,10 +10,11 @@ backward and returns its results by name. Shape legend: S tokens, C channels, B 
 T row length, P ranks.
 
 Which case reaches which value (kernel argument: values):
-    forward / backward main kernels   S: 1..4, 16, 17, 32, 100, 1000, 4096; C8: 1 (C = 8), 2, 3,
+    forward, one-group main kernel    S: 1..4, 16, 17, 32, 100, 1000, 4096; C8: 1 (C = 8), 2, 3,
                                       16 (C = 128), 17 (C = 136); n_seg: 1, 3, 16, 17;
                                       seq_len: 1 ([B, 1, C]), 16, 17
-    group kernel                      n_nodes: 1, 16 (S = 16 * 256 at R = 4), 3; C5 = 5 C: 40, 80, ...
+    main kernel, 2+ groups            S: 8208, 16385, 131072; C8: 1, 2, 16; n_seg: 1, 8208; seq_len: 1
+    group kernel (2+ groups)          n_nodes: 33, 256, ...; n_leaves: 257, 2048, ...; C: 8, 16, 128
     finalize kernel (2+ groups)       n_groups: 16 (S = 16 * 8192 at C = 8), 3; C: 8, 16, 24
     KCP row kernels (1-rank context)  n_rows: 1, 3, 7, 10, 16, 17, 48; S: 17, 32, 34, 40, 320; n_seg: 2, 7, 32, 34
     halo gather                       n_rows (D * H rows): 6, 21, 96, 102; C: 8, 16, 24, 128, 136
@@ -30,10 +31,12 @@ from cakeconv import build_kcp_context, cake_causal_conv1d_det, cake_causal_conv
 
 
 # Integer arguments that never take the value 1 (by name, or (kernel, name)): 5 * C (C >= 8), C
-# itself, row strides (>= 8 elements), n1 (the segment-index build runs for 5+ segments), and the
-# finalize kernel's group and leaf counts (it runs for two or more groups; the group kernel
-# finalizes one group itself).
-CANNOT_BE_ONE = {"C5", "C", "so", "sl", "sr", "n1",
+# itself, row strides (>= 8 elements), n1 (the segment-index build runs for 5+ segments), and what
+# only two or more groups of the dweight tree launch (S > 8192; one group is the one-group kernel's):
+# the main kernel's S, the group kernel's node and leaf counts, the finalize kernel's group and
+# leaf counts.
+CANNOT_BE_ONE = {"C5", "C", "so", "sl", "sr", "n1", ("cake_conv_bwd_kernel", "S"),
+                 ("cake_conv_bwd_group_kernel", "n_nodes"), ("cake_conv_bwd_group_kernel", "n_leaves"),
                  ("cake_conv_bwd_finalize_kernel", "n_groups"), ("cake_conv_bwd_finalize_kernel", "n_leaves")}
 
 
@@ -107,6 +110,9 @@ SINGLE_CASES = {
     "S800_C24_3_docs": (800, 24, [0, 300, 301, 800], None, True, torch.bfloat16, torch.float32),
     "S131072_C8_16_groups": (16 * 8192, 8, [0, 5, 16 * 8192], None, True, torch.bfloat16, torch.float32),
     "S16385_C16_2_groups": (16385, 16, [0, 16385], None, True, torch.bfloat16, torch.float32),
+    # two groups with C8 = 16, 8208 one-token rows (n_seg = 8208, seq_len = 1): the main kernel's
+    # values that the cases above reach only with one group (the one-group kernel)
+    "S8208_C128_B8208_T1": (8208, 128, None, (8208, 1, 128), False, torch.bfloat16, torch.float32),
 }
 
 def _two_token_docs(n):

@@ -46,19 +46,22 @@ def _short_documents(S, n, seed):
 
 
 LAYOUTS = {
-    # name: (cu at capture, cu copied in before the third replay); the same number of entries
-    "four_documents": ([0, 3, 20000, 20001, 65536], [0, 999, 1000, 50000, 65536]),
+    # name: (S, cu at capture, cu copied in before the third replay); the same number of entries
+    "four_documents": (65536, [0, 3, 20000, 20001, 65536], [0, 999, 1000, 50000, 65536]),
     # 5+ documents: the kernels read per-token segment indices, whose build is captured too
-    "short_documents": (_short_documents(65536, 4000, 1), _short_documents(65536, 4000, 2)),
+    "short_documents": (65536, _short_documents(65536, 4000, 1), _short_documents(65536, 4000, 2)),
+    # one group of the dweight tree: the one-group kernel, whose ticket counters the graph takes
+    # from its workspace and zeroes with a captured memset
+    "one_group": (8192, [0, 3, 4000, 8192], [0, 100, 101, 8192]),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_single_rank_graph_replay_matches_eager(layout):
-    S, C = 65536, 1024
+    S, cu_capture, cu_later = LAYOUTS[layout]
+    C = 1024
     w = torch.randn(C, 4, device="cuda")
     b = torch.randn(C, device="cuda")
-    cu_capture, cu_later = LAYOUTS[layout]
     cu = torch.tensor(cu_capture, dtype=torch.int32, device="cuda")
     x_s, dy_s = (t.clone() for t in _batch(S, C, 0))  # static inputs
     y_s = torch.empty_like(x_s)

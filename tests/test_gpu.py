@@ -149,9 +149,10 @@ def test_gpu_dweight_tree_is_the_documented_order_every_time():
 
 @pytest.mark.parametrize("S", [700, 8192])
 def test_gpu_one_group_dweight_is_the_documented_order(S):
-    """S <= 8192 (one group): the group kernel writes dweight/dbias itself (no finalize launch).
-    Under two backward configurations and the pick, in FP32 and bf16, with and without bias, they
-    are the bits of the documented order redone on the host from the nodes the backward wrote."""
+    """S <= 8192 (one group): one launch, the one-group kernel, whose last program of each channel
+    block (by ticket) writes dweight/dbias. Under two backward configurations and the pick, in FP32
+    and bf16, with and without bias, they are the bits of the documented order redone on the host
+    from the nodes the backward wrote, and the ticket counters are back at 0 after each launch."""
     C = 256
     cu = _random_docs(S, torch.Generator().manual_seed(S))
     x, w, b, dy = _inputs(S, C, seed=S)
@@ -167,11 +168,42 @@ def test_gpu_one_group_dweight_is_the_documented_order(S):
         ws = torch.full((n_ws,), float("nan"), device=DEV)
         with triton_launch.record_launches(launch=True) as launches:
             triton_launch.triton_backward(dy, x, w, bb, cu, None, dx, ws, dw, db, config=cfg)
-        assert [r.kernel.name for r in launches] == ["cake_conv_bwd_kernel", "cake_conv_bwd_group_kernel"], cfg
+        assert [r.kernel.name for r in launches] == ["cake_conv_bwd_one_group_kernel"], cfg
+        assert not launches[0].args[11].any(), cfg  # every ticket counter reset
         _, dw_host, db_host = backward_tree_from_nodes(ws, S, C, cfg.R)
         assert torch.equal(dw, dw_host.to(dw_dtype)), (cfg, dw_dtype)
         if bias:
             assert torch.equal(db, db_host.to(dw_dtype)), (cfg, dw_dtype)
+
+
+def test_gpu_one_group_tickets_under_load_and_on_two_streams():
+    """The one-group kernel's tickets under load: S = 8192 at C = 4096 (32 channel blocks of 32
+    programs each), 20 calls back to back on each of two streams at once (each stream its own
+    counters), every call's dweight/dbias the bits of the documented order from its own nodes (a
+    program that added before every node was written, or two launches sharing counters, would
+    change them)."""
+    S, C = 8192, 4096
+    cu = _random_docs(S, torch.Generator().manual_seed(21))
+    n_ws = triton_launch.backward_workspace_floats(S, C)
+    cfg = tuning.pick_bwd_config(C, 2, False)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    inputs = [_inputs(S, C, seed=21 + i) for i in range(2)]
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(20):
+        for st, (x, w, b, dy) in zip(streams, inputs):
+            with torch.cuda.stream(st):
+                dx, dw, db = torch.empty_like(x), torch.empty((C, 4), device=DEV), torch.empty((C,), device=DEV)
+                ws = torch.empty((n_ws,), device=DEV)
+                triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+                runs.append((st, ws, dw, db))
+    torch.cuda.synchronize()
+    first = {}
+    for st, ws, dw, db in runs:
+        _, dw_host, db_host = backward_tree_from_nodes(ws, S, C, cfg.R)
+        assert torch.equal(dw, dw_host) and torch.equal(db, db_host)
+        ref = first.setdefault(id(st), (dw, db))
+        assert torch.equal(dw, ref[0]) and torch.equal(db, ref[1])
 
 
 def test_gpu_uniform_batch_and_dtypes():

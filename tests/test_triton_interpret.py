@@ -132,30 +132,35 @@ def test_triton_dweight_tree_over_several_groups():
     assert rel_err(outs[0][1], dwo) < 1e-5 and rel_err(outs[0][2], dbo) < 1e-5
 
 
-@pytest.mark.parametrize("S, R, bias", [(700, 4, True), (8192, 8, False)])
-def test_triton_one_group_is_finalized_by_the_group_kernel(S, R, bias):
-    """S <= 8192 rows (one group): two launches, the main kernel and the group kernel, which writes
-    dweight/dbias itself; they are the bits of the documented order redone on the host (its
-    finalize over one group), for two node sizes, with and without bias (a part of a group and a
-    whole one). (FP32 only: the
-    interpreter casts FP32 to bf16 by truncation, in the finalize kernel too; the GPU rounds to
-    nearest, and the GPU tests compare bf16 dweight with the reference.)"""
-    C = 8
+@pytest.mark.parametrize("S, R, C, bias", [(700, 4, 8, True), (8192, 8, 24, False)])
+def test_triton_one_group_is_added_by_the_last_program(S, R, C, bias):
+    """S <= 8192 rows (one group): ONE launch, the one-group kernel, whose last program of each
+    channel block (by ticket) writes dweight/dbias; they are the bits of the documented order redone
+    on the host from the nodes it wrote (its finalize over one group), for two node sizes, one and
+    three channel blocks, with and without bias (a part of a group and a whole one). Run twice: the
+    ticket counters are back at 0 after each launch, so the second call finds them ready. (FP32
+    only: the interpreter casts FP32 to bf16 by truncation; the GPU rounds to nearest, and the GPU
+    tests compare bf16 dweight with the reference.)"""
     cu = torch.tensor([0, 3, 300, 301, S], dtype=torch.int32)
     x, w, b, dy = make_inputs(S, C, seed=13)
     n_ws = triton_launch.backward_workspace_floats(S, C)
     bb = b if bias else None
-    dx = torch.empty_like(x)
-    dw = torch.full((C, 4), float("nan"))
-    db = torch.full((C,), float("nan")) if bias else None
-    ws = torch.full((n_ws,), float("nan"))
-    with triton_launch.record_launches(launch=True) as launches:
-        triton_launch.triton_backward(dy, x, w, bb, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1))
-    assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_kernel", "cake_conv_bwd_group_kernel"]
-    _, dw_host, db_host = backward_tree_from_nodes(ws, S, C, R)
-    assert torch.equal(dw, dw_host)
-    if bias:
-        assert torch.equal(db, db_host)
+    for _ in range(2):
+        dx = torch.empty_like(x)
+        dw = torch.full((C, 4), float("nan"))
+        db = torch.full((C,), float("nan")) if bias else None
+        ws = torch.full((n_ws,), float("nan"))
+        with triton_launch.record_launches(launch=True) as launches:
+            triton_launch.triton_backward(dy, x, w, bb, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1))
+        assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_one_group_kernel"]
+        tickets = launches[0].args[11]
+        assert tickets.dtype == torch.int32 and tickets.shape[0] >= C // 8 and not tickets.any()
+        _, dw_host, db_host = backward_tree_from_nodes(ws, S, C, R)
+        assert torch.equal(dw, dw_host)
+        if bias:
+            assert torch.equal(db, db_host)
+    dxr, dwr, dbr = cake_causal_conv1d_det_train_backward(dy, x, w, bb, cu, backend="reference")
+    assert rel_err(dw, dwr) < 1e-5 and rel_err(dx, dxr) < 1e-2
 
 
 def test_triton_deterministic_and_autograd():

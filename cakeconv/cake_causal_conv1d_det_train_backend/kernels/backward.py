@@ -18,6 +18,10 @@ The dweight/dbias sum has ONE order, fixed by S alone (never by a tuning choice)
 A program that owns R = 2**j adjacent leaves adds them with the bottom j levels of that same tree
 before writing (fewer partial bytes); the group kernel finishes the tree from level j. So R, BC and
 the warp count change speed, never bits.
+
+Launches: S <= TREE_LEAVES * BWD_SUB rows (one group) take one, the one-group kernel, whose last
+program per channel block (by ticket) finishes the tree; more groups take three, the main, group
+and finalize kernels.
 """
 
 import triton
@@ -414,17 +418,71 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     tl.store(base + 4 * C, pairwise_sum_rows(accb, R, BC, LOGR), mask=cmask)
 
 
+@triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len"])
+def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
+                                   dw_ptr, db_ptr, ticket_ptr,
+                                   S, C8, n_seg, seq_len,
+                                   SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
+                                   HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
+                                   HAS_FUT: tl.constexpr, R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr,
+                                   BC: tl.constexpr, STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr,
+                                   M: tl.constexpr, LOGM: tl.constexpr, EPI_BC: tl.constexpr):
+    """``cake_conv_bwd_kernel`` (called here, inlined) for one group of the dweight tree (S <= TREE_LEAVES * BWD_SUB rows),
+    which then also writes dweight and dbias: one launch for the whole backward.
+
+    Every program writes its node as the main kernel does, then takes a ticket of its channel
+    block: ``ticket[pid_c]``, an int32 counter that is 0 when the launch starts. The program that
+    draws the last ticket (n_nodes - 1) is the only one left, and every node of its channel block
+    is written; it adds them as the group kernel adds a group,
+
+        dw[c, k] = pairwise tree over nodes i = 0..M-1 of ws[i, k, c]   (missing nodes read as 0;
+        db[c]    = the same with k = 4)                                  M = TREE_LEAVES / R),
+
+    the documented order of one group: the finalize's tree over one group would add only +0.0
+    terms, and a sum that starts from +0.0, as every node's does, is never -0.0 (in
+    round-to-nearest, x + y = -0.0 needs both -0.0), so it would return the group sum unchanged.
+    The ticket decides which program adds, never the order of the additions. It writes them in
+    dw's / db's dtype and sets its counter back to 0 for the next
+    launch on the stream (launch.py keeps the counters per device and stream; a CUDA graph gets
+    its own, zeroed by a captured memset).
+
+    Ordering: each program's threads meet at a barrier after their node stores, and the ticket is
+    an acquire-release atomic at GPU scope, so the last program's loads (``.cg``: from L2, not a
+    stale L1 line) see every node. EPI_BC: channels added per step of the last program (bounds its
+    [M, EPI_BC] registers).
+    """
+    cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr, S, C8, n_seg, seq_len,
+                         SX8, SDY8, SDX8, HAS_BIAS, HAS_CU, HAS_HIST, HAS_FUT, R, LOGR, SUB, BC, STAGES, STEP_BRANCH)
+    C = C8 * 8
+    n_cblk = tl.cdiv(C, BC)
+    pid_c = tl.program_id(0) % n_cblk
+    n_nodes = tl.cdiv(S, R * SUB)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + pid_c, 1, sem="acq_rel", scope="gpu")
+    if ticket == n_nodes - 1:
+        nodes = tl.arange(0, M)
+        node_off = nodes.to(tl.int64)[:, None] * 5 * C
+        nmask = (nodes < n_nodes)[:, None]
+        for j in tl.static_range(BC // EPI_BC):
+            cols = pid_c * BC + j * EPI_BC + tl.arange(0, EPI_BC)
+            cm = cols < C
+            for k in tl.static_range(4):
+                v = tl.load(ws_ptr + node_off + k * C + cols[None, :], mask=nmask & cm[None, :], other=0.0,
+                            cache_modifier=".cg")
+                tl.store(dw_ptr + cols * 4 + k, pairwise_sum_rows(v, M, EPI_BC, LOGM).to(dw_ptr.dtype.element_ty),
+                         mask=cm)
+            if HAS_BIAS:
+                v = tl.load(ws_ptr + node_off + 4 * C + cols[None, :], mask=nmask & cm[None, :], other=0.0,
+                            cache_modifier=".cg")
+                tl.store(db_ptr + cols, pairwise_sum_rows(v, M, EPI_BC, LOGM).to(db_ptr.dtype.element_ty), mask=cm)
+        tl.atomic_xchg(ticket_ptr + pid_c, 0, sem="relaxed", scope="gpu")
+
+
 @triton.jit(do_not_specialize=["n_nodes", "n_leaves", "C"])
-def cake_conv_bwd_group_kernel(ws_ptr, dw_ptr, db_ptr, n_nodes, n_leaves, C,
-                               M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr,
-                               ONE_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr):
+def cake_conv_bwd_group_kernel(ws_ptr, n_nodes, n_leaves, C, M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr):
     """gs[g, j] = pairwise tree sum of ws[g * M + i, j], i = 0..M-1 (missing nodes read as 0),
     j < 5 * C; the group sums gs start in the workspace at leaf n_leaves (ws + n_leaves * 5 * C).
-
-    ONE_GROUP (S <= TREE_LEAVES * BWD_SUB rows): the group sum is already dweight/dbias, written
-    here in their dtype (no finalize launch). The finalize's tree over one group adds only +0.0
-    terms, and a sum that starts from +0.0 is never -0.0 (in round-to-nearest, x + y = -0.0 needs
-    both -0.0), so it returns the group sum unchanged: the same bits either way.
+    Two or more groups only (one group: cake_conv_bwd_one_group_kernel adds it).
 
     Grid: (G, cdiv(5 * C, BLK)). M = TREE_LEAVES / R nodes of level log2(R) per group.
     """
@@ -437,15 +495,8 @@ def cake_conv_bwd_group_kernel(ws_ptr, dw_ptr, db_ptr, n_nodes, n_leaves, C,
     offs = nodes.to(tl.int64)[:, None] * C5 + cols[None, :]
     v = tl.load(ws_ptr + offs, mask=(nodes < n_nodes)[:, None] & cm[None, :], other=0.0)
     gsum = pairwise_sum_rows(v, M, BLK, LOGM)
-    if ONE_GROUP:
-        k = cols // C  # column j of the group sum is tap k (4: the bias) of channel j - k * C
-        c = cols - k * C
-        tl.store(dw_ptr + c * 4 + k, gsum.to(dw_ptr.dtype.element_ty), mask=cm & (k < 4))
-        if HAS_BIAS:
-            tl.store(db_ptr + c, gsum.to(db_ptr.dtype.element_ty), mask=cm & (k == 4))
-    else:
-        gs_ptr = ws_ptr + tl.cast(C, tl.int64) * 5 * n_leaves  # (tl.cast: either may be a compile-time 1)
-        tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, gsum, mask=cm)
+    gs_ptr = ws_ptr + tl.cast(C, tl.int64) * 5 * n_leaves  # (tl.cast: either may be a compile-time 1)
+    tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, gsum, mask=cm)
 
 
 @triton.jit
@@ -462,7 +513,7 @@ def cake_conv_bwd_finalize_kernel(ws_ptr, dw_ptr, db_ptr, n_leaves, n_groups, C,
                                   HAS_BIAS: tl.constexpr, BLK: tl.constexpr,
                                   GB: tl.constexpr, LOGGB: tl.constexpr):
     """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c], gs = ws + n_leaves * 5 * C
-    (launched only for two or more groups: the group kernel finalizes one group itself).
+    (launched only for two or more groups: the one-group kernel finishes one group itself).
 
     Order: a pairwise tree over each block of GB groups, then the blocks in order. Grid:
     (cdiv(C, BLK),). Results are cast to the dw / db pointers' dtypes.

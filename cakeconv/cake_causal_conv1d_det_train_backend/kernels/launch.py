@@ -48,6 +48,7 @@ from .backward import (
     cake_conv_bwd_group_kernel,
     cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
+    cake_conv_bwd_one_group_kernel,
 )
 from .forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
 from .common import SEGMENT_IDS
@@ -216,13 +217,14 @@ def direct_launch(compiled):
 FWD = Kernel(cake_conv_fwd_kernel)
 FWD_ROWS = Kernel(cake_conv_fwd_rows_kernel)
 BWD = Kernel(cake_conv_bwd_kernel)
+BWD_ONE_GROUP = Kernel(cake_conv_bwd_one_group_kernel)
 BWD_GROUP = Kernel(cake_conv_bwd_group_kernel)
 BWD_FINALIZE = Kernel(cake_conv_bwd_finalize_kernel)
 BWD_HEAD = Kernel(cake_conv_bwd_head_kernel)
 BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
 HALO_GATHER = Kernel(cake_halo_gather_kernel)
 SEGMENT_IDS_BUILD = Kernel(cake_segment_ids_kernel)
-KERNELS = (FWD, FWD_ROWS, BWD, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
+KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
 
 
 _OPTIONS: dict = {}
@@ -353,32 +355,76 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
     return y_SC
 
 
+class TicketCounters:
+    """The int32 counters of the one-group backward kernel's tickets (kernels/backward.py): one per
+    channel block of a launch, each 0 when the launch starts.
+
+    ``get(ws_F, n, at)``: n counters for a launch on the current device and stream whose FP32
+    workspace is ws_F. Eager: one buffer per device and stream, kept across calls. The kernel sets
+    every counter it used back to 0, so the next launch on the same stream (which runs after it)
+    finds them at 0; a launch on another stream may run at the same time and has its own buffer.
+    Capturing a CUDA graph: the counters are ws_F[at : at + n] (the group-sum slots, which one group
+    does not use), zeroed by a captured memset, so a graph shares its counters with no eager launch
+    and no other graph, whatever streams they are replayed on.
+    """
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def get(self, ws_F, n, at):
+        if INTERPRET or not ws_F.is_cuda:
+            key = None
+        else:
+            if torch.cuda.is_current_stream_capturing():
+                tickets = ws_F[at:at + n].view(torch.int32)
+                tickets.zero_()
+                return tickets
+            device = _cuda_getDevice()
+            key = (device, _cuda_getCurrentRawStream(device))
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape[0] < n:
+            buf = torch.zeros(max(n, 64), dtype=torch.int32, device=ws_F.device)
+            self._buffers[key] = buf
+        return buf
+
+
+TICKETS = TicketCounters()
+
+
 class BackwardLaunches:
-    """The backward kernels' launches for one operand layout (``prepare_backward``): the main
-    kernel, then the group kernel, then (two or more groups only) the finalize kernel.
+    """The backward kernels' launches for one operand layout (``prepare_backward``).
+
+    One group of the dweight tree (S <= TREE_LEAVES * BWD_SUB): the one-group main kernel alone,
+    which also writes dw / db (``one_group``: its counters' count and workspace offset). Two or
+    more groups: the main kernel, the group kernel, then the finalize kernel.
 
     ``run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None)`` with
     tensors of the layout it was prepared for; writes dx, dw and (if given) db.
     """
 
-    __slots__ = ("main", "ids", "group", "finalize", "S")
+    __slots__ = ("main", "ids", "group", "finalize", "S", "one_group")
 
-    def __init__(self, main: Prepared, ids, group: Prepared, finalize, S: int):
+    def __init__(self, main: Prepared, ids, group, finalize, S: int, one_group=None):
         self.main, self.ids, self.group, self.finalize, self.S = main, ids, group, finalize, S
+        self.one_group = one_group
 
     def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None):
         w = w_CW  # stands in for the absent optional pointers
         b = w if b_C is None else b_C
         hist = w if hist_NHC is None else hist_NHC
         fut = w if fut_NHC is None else fut_NHC
-        if self.ids is not None and use_ids:
-            self.ids.run((x_SC, dy_SC, dx_SC, w, b, segment_ids_buffer(cu, self.S), hist, fut, ws_F))
-        else:
-            self.main.run((x_SC, dy_SC, dx_SC, w, b, w if cu is None else cu, hist, fut, ws_F))
         db = dw_CW if db_C is None else db_C
-        self.group.run((ws_F, dw_CW, db))
-        if self.finalize is not None:
-            self.finalize.run((ws_F, dw_CW, db))
+        if self.ids is not None and use_ids:
+            launch, cu_or_ids = self.ids, segment_ids_buffer(cu, self.S)
+        else:
+            launch, cu_or_ids = self.main, w if cu is None else cu
+        if self.one_group is not None:
+            n_tickets, at = self.one_group
+            launch.run((x_SC, dy_SC, dx_SC, w, b, cu_or_ids, hist, fut, ws_F, dw_CW, db, TICKETS.get(ws_F, n_tickets, at)))
+            return
+        launch.run((x_SC, dy_SC, dx_SC, w, b, cu_or_ids, hist, fut, ws_F))
+        self.group.run((ws_F,))
+        self.finalize.run((ws_F, dw_CW, db))
 
 
 def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_dtype, b_dtype, cu_dtype,
@@ -398,33 +444,39 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     n_groups = cdiv(n_leaves, TREE_LEAVES)
     C5 = 5 * C
 
+    one_group = n_groups == 1
+    M = TREE_LEAVES // R  # level-logr nodes per group
+
     def variant(has_cu, cu_t):
         consts = (x_stride // 8, dy_stride // 8, dx_stride // 8, b_dtype is not None, has_cu,
                   has_hist, has_fut, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
-        return BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1),
-                           (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype),
-                           (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
+        dtypes = (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype)
+        if one_group:  # + dw, db (dw's dtype) and the int32 tickets; the last program adds [M, EPI_BC] at a time
+            epi_bc = min(cfg.BC, 1024 * cfg.num_warps // M)  # 32 floats a thread
+            return BWD_ONE_GROUP.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), (*dtypes, dw_dtype, torch.int32),
+                                         (S, C // 8, n_seg, T), (*consts, M, LOG2_TREE_LEAVES - logr, epi_bc),
+                                         cfg.num_warps, cfg.maxnreg)
+        return BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), dtypes, (S, C // 8, n_seg, T), consts, cfg.num_warps,
+                           cfg.maxnreg)
 
     # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
     main = variant(cu_dtype is not None, cu_dtype)
     ids = variant(SEGMENT_IDS_VALUE, torch.int32) if _ids_apply(S, C, n_cu) else None
-    # the group sums start at leaf n_leaves; with one group the group kernel writes dw / db itself
+    if one_group:  # the main kernel adds the group itself; tickets: one per channel block (TicketCounters)
+        return BackwardLaunches(main, ids, None, None, S, (cdiv(C, cfg.BC), C5 * n_leaves))
     blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
-    group = BWD_GROUP.prepare((n_groups, cdiv(C5, blk), 1), (dw_dtype, dw_dtype), (n_nodes, n_leaves, C),
-                              (TREE_LEAVES // R, LOG2_TREE_LEAVES - logr, blk, n_groups == 1, b_dtype is not None),
-                              warps)
-    finalize = None
-    if n_groups > 1:
-        fblk = 16 if INTERPRET else _FINAL_BLK
-        finalize = BWD_FINALIZE.prepare((cdiv(C, fblk), 1, 1), (dw_dtype, dw_dtype), (n_leaves, n_groups, C),
-                                        (b_dtype is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
+    group = BWD_GROUP.prepare((n_groups, cdiv(C5, blk), 1), (), (n_nodes, n_leaves, C),
+                              (M, LOG2_TREE_LEAVES - logr, blk), warps)
+    fblk = 16 if INTERPRET else _FINAL_BLK
+    finalize = BWD_FINALIZE.prepare((cdiv(C, fblk), 1, 1), (dw_dtype, dw_dtype), (n_leaves, n_groups, C),
+                                    (b_dtype is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
     return BackwardLaunches(main, ids, group, finalize, S)
 
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
                     hist_NHC=None, fut_NHC=None, config=None):
-    """Launch the backward kernels (main, group, and finalize for two or more groups); writes dx_SC,
+    """Launch the backward kernels (one group: the one-group kernel; else main, group and finalize); writes dx_SC,
     dw_CW and (if given) db_C (dw's dtype).
 
     ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
