@@ -132,20 +132,21 @@ def test_triton_dweight_tree_over_several_groups():
     assert rel_err(outs[0][1], dwo) < 1e-5 and rel_err(outs[0][2], dbo) < 1e-5
 
 
-@pytest.mark.parametrize("S, R, C, bias", [(700, 4, 8, True), (8192, 8, 24, False)])
-def test_triton_one_group_is_added_by_the_last_program(S, R, C, bias):
+@pytest.mark.parametrize("S, R, C, bias, calls", [(700, 4, 16, True, 2), (8192, 8, 8, False, 1)])
+def test_triton_one_group_is_added_by_the_last_program(S, R, C, bias, calls):
     """S <= 8192 rows (one group): ONE launch, the one-group kernel, whose last program of each
     channel block (by ticket) writes dweight/dbias; they are the bits of the documented order redone
-    on the host from the nodes it wrote (its finalize over one group), for two node sizes, one and
-    three channel blocks, with and without bias (a part of a group and a whole one). Run twice: the
-    ticket counters are back at 0 after each launch, so the second call finds them ready. (FP32
+    on the host from the nodes it wrote (its finalize over one group), for two node sizes, two and
+    one channel blocks, with and without bias (a part of a group and a whole one). The first case
+    runs twice: the ticket counters are back at 0 after each launch, so the second call finds them
+    ready. (FP32
     only: the interpreter casts FP32 to bf16 by truncation; the GPU rounds to nearest, and the GPU
     tests compare bf16 dweight with the reference.)"""
     cu = torch.tensor([0, 3, 300, 301, S], dtype=torch.int32)
     x, w, b, dy = make_inputs(S, C, seed=13)
     n_ws = triton_launch.backward_workspace_floats(S, C)
     bb = b if bias else None
-    for _ in range(2):
+    for _ in range(calls):
         dx = torch.empty_like(x)
         dw = torch.full((C, 4), float("nan"))
         db = torch.full((C,), float("nan")) if bias else None
