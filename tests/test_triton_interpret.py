@@ -164,6 +164,27 @@ def test_triton_one_group_is_added_by_the_last_program(S, R, C, bias, calls):
     assert rel_err(dw, dwr) < 1e-5 and rel_err(dx, dxr) < 1e-2
 
 
+def test_triton_custom_op_takes_the_tickets_from_its_workspace():
+    """The backward custom op (what torch.compile calls) takes the one-group kernel's ticket
+    counters from its workspace, zeroed first (nothing kept across calls can land in a CUDA-graph
+    memory pool), and gives the eager entry point's bits; the counters are 0 again afterwards."""
+    S, C = 700, 16
+    cu = torch.tensor([0, 3, 300, 301, S], dtype=torch.int32)
+    x, w, b, dy = make_inputs(S, C, seed=14)
+    n_ws = triton_launch.backward_workspace_floats(S, C)
+    ws = torch.full((n_ws,), float("nan"))
+    dx, dw, db = torch.empty_like(x), torch.empty((C, 4)), torch.empty((C,))
+    with triton_launch.record_launches(launch=True) as launches:
+        torch.ops.cakeconv.cake_causal_conv1d_det_backward_into(dy, x, w, b, cu, "triton", dx, ws, dw, db)
+    assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_one_group_kernel"]
+    tickets = launches[0].args[11]
+    start, end = ws.data_ptr(), ws.data_ptr() + n_ws * 4
+    assert start <= tickets.data_ptr() and tickets.data_ptr() + tickets.numel() * 4 <= end
+    assert not tickets.any()
+    want = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
+    assert all(torch.equal(a, c) for a, c in zip((dx, dw, db), want))
+
+
 def test_triton_deterministic_and_autograd():
     S, C = 200, 16
     cu = torch.tensor([0, 1, 2, 5, 5, 130, 200], dtype=torch.int32)

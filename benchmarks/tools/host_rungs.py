@@ -188,8 +188,8 @@ def single_launches(n=200):
     (the GPU starts on them only once all are queued, so this is the GPU's own time per call).
     Operations: the forward's ``Prepared.run``; Triton's launcher object and its C launch function
     (``direct_launch``) for the same compiled kernel; the C launch of a kernel with one pointer and
-    no body; the backward's two prepared launches (main kernel, group kernel); torch's
-    ``empty_like``, ``zero_`` and ``clone`` of the op's output.
+    no body; the backward's prepared launches (``BackwardLaunches.run``: every launch of a backward
+    at this S); torch's ``empty_like``, ``zero_`` and ``clone`` of the op's output.
     """
     import triton
 
@@ -207,11 +207,12 @@ def single_launches(n=200):
     fwd = launch.prepare_forward(S, C, C, C, x_SC.dtype, w_CW.dtype, None, cu.dtype, 2, 0).main
     bwd = launch.prepare_backward(S, C, C, C, C, x_SC.dtype, x_SC.dtype, w_CW.dtype, None, cu.dtype, 2, 0, w_CW.dtype)
     pointers = (x_SC, y_SC, w_CW, w_CW, cu, w_CW)
-    bwd_main = (x_SC, y_SC, dx_SC, w_CW, w_CW, cu, w_CW, w_CW, ws_F)
-    bwd_group = (ws_F, dw_CW, dw_CW)
+
+    def backward():
+        bwd.run(y_SC, x_SC, w_CW, None, cu, dx_SC, ws_F, dw_CW, None)
+
     fwd.run(pointers)
-    bwd.main.run(bwd_main)
-    bwd.group.run(bwd_group)
+    backward()
     device = _cuda_getDevice()
     compiled = fwd.kernel._compiled[(device, fwd.key)]
     addrs = [p.data_ptr() for p in pointers]
@@ -245,8 +246,7 @@ def single_launches(n=200):
                                                             compiled.packed_metadata, None, None, None, *addrs, *args)),
         "direct_launch (fwd)": timed(lambda: fn(g[0], g[1], g[2], stream, *head, *addrs, *args)),
         "direct_launch (empty)": timed(lambda: nfn(1, 1, 1, stream, *nhead, y_addr)),
-        "Prepared.run (bwd main)": timed(lambda: bwd.main.run(bwd_main)),
-        "Prepared.run (bwd group)": timed(lambda: bwd.group.run(bwd_group)),
+        "BackwardLaunches.run": timed(backward),
         "torch.empty_like": timed(lambda: torch.empty_like(x_SC)),
         "Tensor.zero_": timed(lambda: y_SC.zero_()),
         "Tensor.clone": timed(lambda: x_SC.clone()),

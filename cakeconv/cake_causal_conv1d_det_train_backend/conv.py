@@ -235,18 +235,21 @@ def _forward(plan: Plan, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_s
 
 
 def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor],
-              cu_seqlens: Optional[Tensor], dx: Tensor, ws_F: Optional[Tensor], dw_CW: Tensor, db_C: Optional[Tensor]) -> None:
+              cu_seqlens: Optional[Tensor], dx: Tensor, ws_F: Optional[Tensor], dw_CW: Tensor, db_C: Optional[Tensor],
+              compiled: bool = False) -> None:
     """dx, dw_CW and db_C (if not None; dw's dtype) for a validated call and dy: ``launches`` is
     ``plan.backward_for(dy, x, dw_CW.dtype)``, which checked dy.
 
     ws_F: FP32 workspace of ``backward_workspace_floats(S, C)`` elements (Triton; None: allocated).
+    compiled: called by the custom op (torch.compile): the one-group kernel's ticket counters come
+    from the workspace (kernels/launch.py, ``TicketCounters``).
     """
     S, C = plan.S, plan.C
     if launches is not None and dx.is_contiguous():  # the fast path: launch set-up done, no views
         if ws_F is None:
             ws_F = dw_CW.new_empty(plan.n_ws, dtype=torch.float32)
         with _on_device(plan.device_index):
-            launches.run(dy, x, weight, bias, cu_seqlens, dx, ws_F, dw_CW, db_C)
+            launches.run(dy, x, weight, bias, cu_seqlens, dx, ws_F, dw_CW, db_C, tickets_in_workspace=compiled)
         return
     if S == 0:
         dw_CW.zero_()
@@ -261,7 +264,8 @@ def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias:
         if ws_F is None:
             ws_F = dw_CW.new_empty(plan.n_ws, dtype=torch.float32)
         with _on_device(plan.device_index):
-            triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, dx_SC, ws_F, dw_CW, db_C)
+            triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, dx_SC, ws_F, dw_CW, db_C,
+                            tickets_in_workspace=compiled)
     else:
         dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len)
         dx_SC.copy_(dx32)
@@ -298,7 +302,8 @@ def backward_into_op(dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tenso
     """
     plan = plan_for(x, weight, bias, cu_seqlens, backend)
     launches = plan.backward_for(dy, x, dweight.dtype)
-    _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx, workspace, dweight, dbias if bias is not None else None)
+    _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx, workspace, dweight, dbias if bias is not None else None,
+              compiled=True)
 
 
 @backward_into_op.register_fake

@@ -269,8 +269,10 @@ def _forward_program(xs, x_rows, weights, biases, ctx, be, hists=None):
     return ys, hists
 
 
-def _backward_program(dy_rows, xs, x_rows, weights, biases, hists, ctx, be, dweight_dtype=torch.float32):
-    """(dxs, dweights, dbiases): dweight/dbias are this rank's partial sums (None: no bias)."""
+def _backward_program(dy_rows, xs, x_rows, weights, biases, hists, ctx, be, dweight_dtype=torch.float32,
+                      compiled=False):
+    """(dxs, dweights, dbiases): dweight/dbias are this rank's partial sums (None: no bias).
+    compiled: called by the custom op (torch.compile; kernels/launch.py, ``TicketCounters``)."""
     plan = ctx.plan
     S, cu, fut = plan.num_local_tokens, plan.local_cu_seqlens, plan.fut
     widths = [x_SC.shape[1] for x_SC in x_rows]
@@ -307,7 +309,7 @@ def _backward_program(dy_rows, xs, x_rows, weights, biases, hists, ctx, be, dwei
             dw = torch.empty((C, 4), dtype=dweight_dtype, device=dev)
             db = torch.empty((C,), dtype=dweight_dtype, device=dev) if b is not None else None
             ws = torch.empty(backward_workspace_floats(S, C), dtype=torch.float32, device=dev)
-            triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist)
+            triton_backward(dy_SC, x_SC, w, b, cu, None, dx_SC, ws, dw, db, hist_NHC=hist, tickets_in_workspace=compiled)
         else:
             g32, dw32, db32, w32, d_S = ref_parts[i]
             fut_i = _assemble(be, fut, [g_buf if one else g_buf[:, offsets[i]:offsets[i] + C]],
@@ -372,11 +374,11 @@ def _forward_checked(xs, weights, biases, kctx, backend, handle, key):
     return ys, hists, be
 
 
-def _backward_checked(dys, xs, weights, biases, hists, kctx, backend, dweight_dtype=torch.float32):
+def _backward_checked(dys, xs, weights, biases, hists, kctx, backend, dweight_dtype=torch.float32, compiled=False):
     """(dxs, dweights, dbiases) of a KCP call: validation, then the backward program."""
     x_rows, ws, bs, be = _check_kcp(xs, weights, biases, kctx, backend)
     dy_rows = _check_dys(dys, xs, kctx.plan.num_local_tokens)
-    return _backward_program(dy_rows, xs, x_rows, ws, bs, hists, kctx, be, dweight_dtype)
+    return _backward_program(dy_rows, xs, x_rows, ws, bs, hists, kctx, be, dweight_dtype, compiled)
 
 
 # --------------------------------------------------------- 2. custom ops (for torch.compile)
@@ -415,7 +417,7 @@ def backward_op(dys: List[Tensor], xs: List[Tensor], weights: List[Tensor], bias
     """dxs + dweights + dbiases (FP32 partial sums; a [0] dbias where the bias is missing)."""
     kctx = CONTEXTS.lookup(context_id)
     dxs, dws, dbs = _backward_checked(list(dys), list(xs), list(weights), _optional_biases(biases, has_bias),
-                                      list(hists), kctx, backend)
+                                      list(hists), kctx, backend, compiled=True)
     dbs = [w.new_empty((0,), dtype=torch.float32) if db is None else db for db, w in zip(dbs, weights)]
     return [*dxs, *dws, *dbs]
 

@@ -359,26 +359,31 @@ class TicketCounters:
     """The int32 counters of the one-group backward kernel's tickets (kernels/backward.py): one per
     channel block of a launch, each 0 when the launch starts.
 
-    ``get(ws_F, n, at)``: n counters for a launch on the current device and stream whose FP32
-    workspace is ws_F. Eager: one buffer per device and stream, kept across calls. The kernel sets
-    every counter it used back to 0, so the next launch on the same stream (which runs after it)
-    finds them at 0; a launch on another stream may run at the same time and has its own buffer.
-    Capturing a CUDA graph: the counters are ws_F[at : at + n] (the group-sum slots, which one group
-    does not use), zeroed by a captured memset, so a graph shares its counters with no eager launch
-    and no other graph, whatever streams they are replayed on.
+    ``get(ws_F, n, at, in_workspace)``: n counters for a launch on the current device and stream
+    whose FP32 workspace is ws_F.
+
+    - Eager: one buffer per device and stream, kept across calls. The kernel sets every counter it
+      used back to 0, so the next launch on the same stream (which runs after it) finds them at 0;
+      a launch on another stream may run at the same time and has its own buffer.
+    - ``in_workspace`` (the custom ops, i.e. under torch.compile) or capturing a CUDA graph: the
+      counters are ws_F[at : at + n] (the group-sum slots, which one group does not use), zeroed by
+      a memset first (captured with the kernel). Nothing is allocated, and a graph shares its
+      counters with no eager launch and no other graph, whatever streams they are replayed on.
+      torch.compile's CUDA-graph mode (``mode="reduce-overhead"``) runs its warm-up with every
+      allocation routed to the graph's memory pool, where a buffer kept across calls must not live.
     """
 
     def __init__(self):
         self._buffers: dict = {}
 
-    def get(self, ws_F, n, at):
-        if INTERPRET or not ws_F.is_cuda:
-            key = None
-        else:
-            if torch.cuda.is_current_stream_capturing():
-                tickets = ws_F[at:at + n].view(torch.int32)
-                tickets.zero_()
-                return tickets
+    def get(self, ws_F, n, at, in_workspace=False):
+        on_gpu = ws_F.is_cuda and not INTERPRET
+        if in_workspace or (on_gpu and torch.cuda.is_current_stream_capturing()):
+            tickets = ws_F[at:at + n].view(torch.int32)
+            tickets.zero_()
+            return tickets
+        key = None  # the interpreter: one process-wide buffer (its programs run one after another)
+        if on_gpu:
             device = _cuda_getDevice()
             key = (device, _cuda_getCurrentRawStream(device))
         buf = self._buffers.get(key)
@@ -398,8 +403,9 @@ class BackwardLaunches:
     which also writes dw / db (``one_group``: its counters' count and workspace offset). Two or
     more groups: the main kernel, the group kernel, then the finalize kernel.
 
-    ``run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None)`` with
-    tensors of the layout it was prepared for; writes dx, dw and (if given) db.
+    ``run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None,
+    tickets_in_workspace=False)`` with tensors of the layout it was prepared for; writes dx, dw and
+    (if given) db. ``tickets_in_workspace``: see ``TicketCounters`` (the custom ops set it).
     """
 
     __slots__ = ("main", "ids", "group", "finalize", "S", "one_group")
@@ -408,7 +414,8 @@ class BackwardLaunches:
         self.main, self.ids, self.group, self.finalize, self.S = main, ids, group, finalize, S
         self.one_group = one_group
 
-    def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None):
+    def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None,
+            tickets_in_workspace=False):
         w = w_CW  # stands in for the absent optional pointers
         b = w if b_C is None else b_C
         hist = w if hist_NHC is None else hist_NHC
@@ -420,7 +427,8 @@ class BackwardLaunches:
             launch, cu_or_ids = self.main, w if cu is None else cu
         if self.one_group is not None:
             n_tickets, at = self.one_group
-            launch.run((x_SC, dy_SC, dx_SC, w, b, cu_or_ids, hist, fut, ws_F, dw_CW, db, TICKETS.get(ws_F, n_tickets, at)))
+            tickets = TICKETS.get(ws_F, n_tickets, at, tickets_in_workspace)
+            launch.run((x_SC, dy_SC, dx_SC, w, b, cu_or_ids, hist, fut, ws_F, dw_CW, db, tickets))
             return
         launch.run((x_SC, dy_SC, dx_SC, w, b, cu_or_ids, hist, fut, ws_F))
         self.group.run((ws_F,))
@@ -475,19 +483,20 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
 
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
-                    hist_NHC=None, fut_NHC=None, config=None):
+                    hist_NHC=None, fut_NHC=None, config=None, tickets_in_workspace=False):
     """Launch the backward kernels (one group: the one-group kernel; else main, group and finalize); writes dx_SC,
     dw_CW and (if given) db_C (dw's dtype).
 
     ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
     (and fut_NHC, or None while the look-ahead halo is still in flight: triton_dx_rows then
-    rewrites the affected rows).
+    rewrites the affected rows). tickets_in_workspace: see ``TicketCounters``.
     """
     S, C = x_SC.shape
     assert db_C is None or db_C.dtype == dw_CW.dtype
     prepare_backward(S, C, x_SC.stride(0), dy_SC.stride(0), dx_SC.stride(0), x_SC.dtype, dy_SC.dtype, w_CW.dtype,
                      *optional_meta(b_C, cu_seqlens), seq_len, dw_CW.dtype, hist_NHC is not None, fut_NHC is not None,
-                     config).run(dy_SC, x_SC, w_CW, b_C, cu_seqlens, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC)
+                     config).run(dy_SC, x_SC, w_CW, b_C, cu_seqlens, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC,
+                                 tickets_in_workspace)
     return dx_SC, dw_CW, db_C
 
 
