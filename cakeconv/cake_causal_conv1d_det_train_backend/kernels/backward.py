@@ -442,9 +442,9 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
     terms, and a sum that starts from +0.0, as every node's does, is never -0.0 (in
     round-to-nearest, x + y = -0.0 needs both -0.0), so it would return the group sum unchanged.
     The ticket decides which program adds, never the order of the additions. It writes them in
-    dw's / db's dtype and sets its counter back to 0 for the next
-    launch on the stream (launch.py keeps the counters per device and stream; a CUDA graph gets
-    its own, zeroed by a captured memset).
+    dw's / db's dtype and sets its counter back to 0 for the next launch on the stream (launch.py
+    keeps the counters per device and stream; a CUDA graph and the custom ops take theirs from the
+    workspace, zeroed by a memset).
 
     Ordering: each program's threads meet at a barrier after their node stores, and the ticket is
     an acquire-release atomic at GPU scope, so the last program's loads (``.cg``: from L2, not a
