@@ -166,14 +166,21 @@ for step in "$@"; do
     gpumodule) python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_module.log" | tail -8 ;;
     gpuconfigs) python3 -m pytest -q -m gpu tests/test_gpu.py -k every_config -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_configs.log" | tail -8 ;;
     gpunew) python3 -m pytest -q tests/test_cuda_graphs.py tests/kcp/test_kcp_nccl_one_rank.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu_new.log" | tail -15 ;;
-    gputestsx) # every GPU test in one call, alone (beside other jobs it ran 2-3x slower): XDIST (6) workers spread
-         # over the GPUs (tests/conftest.py), the specialization file in one worker (--dist loadgroup), a line
-         # per test so a run cut by the call's limit still names its failures (-v, -rf). GPU_TESTS (default:
-         # tests) splits the run over two calls, e.g. "tests/test_gpu.py tests/test_gpu_specialization.py"
-         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) python3 -m pytest -v -rf -m gpu ${GPU_TESTS:-tests} -p no:cacheprovider \
-           -n ${XDIST:-6} --dist loadgroup --ignore=tests/multigpu --durations=15 \
-           --ignore=tests/test_integrations_fla.py 2>&1 | tee "$OUT/pytest_gpu.log" \
-           | grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s (call|setup)" | tail -40 ;;
+    gputestsx) # every GPU test in one call, alone (beside other jobs it ran 2-3x slower), in two steps (session 14:
+         # the specialization file compiles cold for minutes when its cases run serially in one worker):
+         # (1) every test but the specialization file's coverage check, XDIST (6; 8 may run the GPU out of memory)
+         # workers spread over the GPUs (tests/conftest.py) with --dist load, so the specialization cases compile in
+         # parallel into the shared Triton cache; (2) the specialization file alone and serially (its coverage check
+         # reads what its other tests recorded in the same process; the kernels are cached by then). A line per
+         # test so a run cut by the call's limit still names its failures (-v, -rf). GPU_TESTS (default: tests)
+         # narrows step 1, e.g. "tests/test_gpu.py"
+         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) timeout ${GPU_TESTS_S:-400} python3 -m pytest -v -rf -m gpu \
+           ${GPU_TESTS:-tests} -p no:cacheprovider -n ${XDIST:-6} --dist load -k "not every_integer_argument" \
+           --ignore=tests/multigpu --ignore=tests/test_integrations_fla.py --durations=15 > "$OUT/pytest_gpu.log" 2>&1
+         echo "step 1: rc $?"; grep -E "FAILED|ERROR|passed|failed|^[0-9.]+s (call|setup)" "$OUT/pytest_gpu.log" | tail -40
+         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) timeout ${SPEC_TESTS_S:-120} python3 -m pytest -v -rf -m gpu \
+           tests/test_gpu_specialization.py -p no:cacheprovider > "$OUT/pytest_gpu_specialization.log" 2>&1
+         echo "step 2: rc $?"; grep -E "FAILED|ERROR|passed|failed" "$OUT/pytest_gpu_specialization.log" | tail -10 ;;
     ab)  # the tuner's picks of each code version in .variants/<name> (git archives; carry .variants), then this tree
          for v in $(ls .variants 2>/dev/null) this; do
            if [ "$v" = this ]; then pp=$PWD; else pp=$PWD/.variants/$v; fi
