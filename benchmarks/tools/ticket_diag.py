@@ -4,7 +4,7 @@
 limit). This runs what that test runs (S = 100,003, documents of mean 700 tokens, bias) for C in CD_CS (default
 1160,2048,4096), every configuration of tuning.BWD_CONFIGS, ROUNDS (2) times each, and for every launch reports
 against the host's redo of the documented order from the nodes the launch wrote (tests/helpers.py): the group sums
-(which groups and channel blocks differ), dweight/dbias, and dx, dw and db against the first configuration's. The
+(which groups and channel blocks differ), dweight/dbias, and dx, dw and db against the first configuration's (the inputs from tests/test_gpu.py's own helpers). The
 ticket counters are checked to be 0 after each launch. Prints one line per launch; no GPU test harness, so nothing
 is lost to a cut run. Writes $OUT/<CD_NAME>.txt (CD_NAME default ticket_diag).
 """
@@ -13,13 +13,14 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
-from helpers import backward_tree_from_nodes  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from tests.helpers import backward_tree_from_nodes  # noqa: E402
+from tests.test_gpu import _inputs, _random_docs  # noqa: E402  (the failed test's own inputs)
 
 import cakeconv  # noqa: E402
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as tb, launch as tl_, tuning  # noqa: E402
 
-DEV = os.environ.get("CD_DEV", "cuda")
+DEV = "cuda"
 lines = []
 
 
@@ -28,24 +29,11 @@ def say(msg):
     lines.append(msg)
 
 
-def random_docs(S, gen, mean):
-    cuts = [0]
-    while cuts[-1] < S:
-        r = torch.rand((), generator=gen).item()
-        n = int(torch.randint(0, 4, (), generator=gen)) if r < 0.2 else int(torch.randint(4, 2 * mean, (), generator=gen))
-        cuts.append(min(S, cuts[-1] + n))
-    return torch.tensor(cuts, dtype=torch.int32, device=DEV)
-
-
 say(f"cakeconv from {os.path.dirname(cakeconv.__file__)}")
 S = int(os.environ.get("CD_S", "100003"))
 for C in [int(c) for c in os.environ.get("CD_CS", "1160,2048,4096").split(",")]:
-    cu = random_docs(S, torch.Generator().manual_seed(C), 700)
-    gen = torch.Generator(device=DEV).manual_seed(3)
-    x = torch.randn(S, C, generator=gen, device=DEV).bfloat16()
-    dy = torch.randn(S, C, generator=gen, device=DEV).bfloat16()
-    w = torch.randn(C, 4, generator=gen, device=DEV) * 0.5
-    b = torch.randn(C, generator=gen, device=DEV) * 0.5
+    cu = _random_docs(S, torch.Generator().manual_seed(C), mean=700)
+    x, w, b, dy = _inputs(S, C, seed=3)
     n_ws = tl_.backward_workspace_floats(S, C)
     n_leaves, n_groups = -(-S // tb.BWD_SUB), -(-S // 8192)
     first = None
@@ -57,8 +45,7 @@ for C in [int(c) for c in os.environ.get("CD_CS", "1160,2048,4096").split(",")]:
             ws = torch.full((n_ws,), float("nan"), device=DEV)
             with tl_.record_launches(launch=True) as launches:
                 tl_.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
-            if DEV == "cuda":
-                torch.cuda.synchronize()
+            torch.cuda.synchronize()
             names = [r.kernel.name for r in launches]
             tk = [r for r in launches if r.kernel.name in ("cake_conv_bwd_ticket_kernel", "cake_conv_bwd_one_group_kernel")]
             tickets = tk[0].args[11] if tk else None  # (main's multi-group path has no tickets)
@@ -84,7 +71,6 @@ for C in [int(c) for c in os.environ.get("CD_CS", "1160,2048,4096").split(",")]:
             say(msg)
             del ws, dx
     del x, dy
-    if DEV == "cuda":
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
 out = os.environ.get("OUT", ".")
 open(os.path.join(out, os.environ.get("CD_NAME", "ticket_diag") + ".txt"), "w").write("\n".join(lines) + "\n")
