@@ -1,11 +1,11 @@
 """Session-7 probe (one H200): host cost of the single-rank op beside a trivial autograd.Function.
 
-Run by benchmarks/tools/s7_call1.sh on the second GPU of the 2-H200 machine while the GPU tests ran
+Run by benchmarks/tools/calls/s7_call1.sh on the second GPU of the 2-H200 machine while the GPU tests ran
 on the first (the host was shared with 8 pytest workers): the 16-call chain at S = 4096, C = 256
 (ours, the trivial Function, silu), the no-grad forward, the workspace entry points, and the eager
 loop against GPU time at S = 250,340, C = 128 and 512. Writes $OUT/host_probe.json. The benchmark
 proper (bench_cake_causal_conv1d_det.py --host-cost --eager) measures the same on a quiet host.
-Session 11 (s11_call1.sh) runs it alone, on a quiet host, alternating two code versions (PYTHONPATH)
+Session 11 (benchmarks/tools/calls/s11_call1.sh) runs it alone, on a quiet host, alternating two code versions (PYTHONPATH)
 as an A/B; PROBE_NAME names its output, $OUT/<PROBE_NAME>.json (default host_probe). PROBE_EAGER=0
 skips the eager-loop rows at S = 250,340 (session 12: a short A/B of the host cost alone).
 """
