@@ -10,7 +10,9 @@ taps reach) contain no boundary takes the unmasked path; otherwise it places eac
 segment d(t): by comparing t with the boundaries it loaded once when the program touches at most
 FEW_SEGMENTS segments (nearly always), else by comparing the per-token segment indices of
 neighbouring rows (built once per cu_seqlens, kernels/segment_ids.py) or, without those, a binary
-search restricted to its segments.
+search restricted to its segments. Rows outside [0, S) read as zero and are never stored; only
+masked programs at either end of the rows check that (``BOUNDS``): every other program touches
+rows inside [0, S) alone.
 """
 
 import triton
@@ -122,23 +124,27 @@ def _step_segment(t, j, d_lo, d_hi, cj, cj1, d, start, end):
 
 
 @triton.jit
-def load_ids(cu_ptr, t, n_seg, seq_len):
+def load_ids(cu_ptr, t, n_seg, seq_len, BOUNDS: tl.constexpr = True):
     """Segment index of rows t ([R] int32) from the [cu (N + 1) | ids (S)] buffer
     (kernels/segment_ids.py): ids[t] for 0 <= t < S (seq_len = S), N at or past S, -1 before row 0.
-    Never decreasing along the rows, as the ids themselves."""
-    v = tl.load(cu_ptr + (n_seg + 1) + t, mask=(t >= 0) & (t < seq_len), other=n_seg)
-    return tl.where(t < 0, -1, v)
+    Never decreasing along the rows, as the ids themselves. Without BOUNDS every row t is known
+    to lie in [0, S) (a program away from both ends): a plain load."""
+    if BOUNDS:
+        v = tl.load(cu_ptr + (n_seg + 1) + t, mask=(t >= 0) & (t < seq_len), other=n_seg)
+        return tl.where(t < 0, -1, v)
+    else:
+        return tl.load(cu_ptr + (n_seg + 1) + t)
 
 
 @triton.jit
-def load_ids4(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, IDS: tl.constexpr):
+def load_ids4(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, IDS: tl.constexpr, BOUNDS: tl.constexpr = True):
     """load_ids of rows t + K .. t + K + 3 when IDS, else ``fallback`` four times (a loop step of a
     program without indices, which never reads them)."""
     if IDS:
-        i_a = load_ids(cu_ptr, t + K, n_seg, seq_len)
-        i_b = load_ids(cu_ptr, t + (K + 1), n_seg, seq_len)
-        i_c = load_ids(cu_ptr, t + (K + 2), n_seg, seq_len)
-        i_d = load_ids(cu_ptr, t + (K + 3), n_seg, seq_len)
+        i_a = load_ids(cu_ptr, t + K, n_seg, seq_len, BOUNDS)
+        i_b = load_ids(cu_ptr, t + (K + 1), n_seg, seq_len, BOUNDS)
+        i_c = load_ids(cu_ptr, t + (K + 2), n_seg, seq_len, BOUNDS)
+        i_d = load_ids(cu_ptr, t + (K + 3), n_seg, seq_len, BOUNDS)
     else:
         i_a = fallback
         i_b = fallback

@@ -52,19 +52,21 @@ def _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, s
 @triton.jit
 def _fwd_row(yp, t, a3, a2, a1, a0, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, S, C,
              n_seg, seq_len, seg,
-             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
-    """y[t] = silu(pre[t]) for one row of every sub-run."""
+             HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
+             BOUNDS: tl.constexpr = True):
+    """y[t] = silu(pre[t]) for one row of every sub-run (rows outside [0, S) not stored if BOUNDS)."""
     if MASKED:
         a3, a2, a1 = _fwd_taps(a3, a2, a1, t, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len,
                                seg, HAS_CU, HAS_HIST, FEW)
     pre = conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0)
-    store_at(yp, t, pre * sigmoid_f32(pre), cmask, S, MASKED)
+    store_at(yp, t, pre * sigmoid_f32(pre), cmask, S, MASKED and BOUNDS)
 
 
 @triton.jit
 def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask, sy,
               S, C, n_seg, seq_len, seg, ids,
-              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr):
+              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
+              BOUNDS: tl.constexpr):
     """Outputs of rows t .. t + 3 from the seven rows t - 3 .. t + 3.
 
     ``ids``: the segment indices of rows t - 3 .. t + 3 in a many-segment program with per-token
@@ -80,37 +82,39 @@ def _fwd_step(yp, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, h
         seg2 = seg
         seg3 = seg
     _fwd_row(yp, t, xm3, xm2, xm1, xa, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg0, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg0, HAS_CU, HAS_HIST, MASKED, FEW, BOUNDS)
     _fwd_row(yp + sy, t + 1, xm2, xm1, xa, xb, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg1, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg1, HAS_CU, HAS_HIST, MASKED, FEW, BOUNDS)
     _fwd_row(yp + 2 * sy, t + 2, xm1, xa, xb, xc, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg2, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg2, HAS_CU, HAS_HIST, MASKED, FEW, BOUNDS)
     _fwd_row(yp + 3 * sy, t + 3, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols, cmask,
-             S, C, n_seg, seq_len, seg3, HAS_CU, HAS_HIST, MASKED, FEW)
+             S, C, n_seg, seq_len, seg3, HAS_CU, HAS_HIST, MASKED, FEW, BOUNDS)
 
 
 @triton.jit
 def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
              seg, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr, SUB: tl.constexpr,
-             STAGES: tl.constexpr):
+             STAGES: tl.constexpr, BOUNDS: tl.constexpr = True):
     """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, four rows per step.
 
     STAGES > 1 lets Triton software-pipeline the loop: the loads of the next STAGES - 1 steps go to
     shared memory (cp.async) while this step computes, holding no registers while in flight.
+    BOUNDS (masked programs near either end of the rows): rows outside [0, S) read as zero and
+    are not stored; without it every row the program touches lies inside, and nothing is checked.
     """
-    xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
-    xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
-    xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
+    xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED and BOUNDS)
+    xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED and BOUNDS)
+    xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED and BOUNDS)
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     y_base = row_ptrs(y_ptr, rows0, sy, cols)
     # Many segments with per-token indices: the indices of the rows, loaded and carried as x is
     # (placeholders otherwise; nothing reads them).
     IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
     if IDS:
-        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len)
-        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len)
-        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len)
+        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len, BOUNDS)
+        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len, BOUNDS)
+        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len, BOUNDS)
     else:
         im3 = rows0 * 0
         im2 = rows0 * 0
@@ -118,14 +122,14 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
     for i in tl.range(0, SUB, 4, num_stages=STAGES):
         t = rows0 + i
         xp = x_base + i * sx
-        xa = load_at(xp, t, cmask, S, MASKED)
-        xb = load_at(xp + sx, t + 1, cmask, S, MASKED)
-        xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED)
-        xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
-        ia, ib, ic, i_d = load_ids4(cu_ptr, t, n_seg, seq_len, im3, 0, IDS)
+        xa = load_at(xp, t, cmask, S, MASKED and BOUNDS)
+        xb = load_at(xp + sx, t + 1, cmask, S, MASKED and BOUNDS)
+        xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED and BOUNDS)
+        xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED and BOUNDS)
+        ia, ib, ic, i_d = load_ids4(cu_ptr, t, n_seg, seq_len, im3, 0, IDS, BOUNDS)
         _fwd_step(y_base + i * sy, t, xm3, xm2, xm1, xa, xb, xc, xd, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
                   cmask, sy, S, C, n_seg, seq_len, seg, (im3, im2, im1, ia, ib, ic, i_d),
-                  HAS_CU, HAS_HIST, MASKED, FEW)
+                  HAS_CU, HAS_HIST, MASKED, FEW, BOUNDS)
         xm3 = xb
         xm2 = xc
         xm1 = xd
@@ -172,9 +176,12 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
         if d_hi - d_lo < FEW_SEGMENTS:
             _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
                      seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, True, SUB, STAGES)
-        else:
+        elif (p0 - 3 < 0) | (p_last >= S):  # reads rows outside [0, S)
             _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, False, SUB, STAGES)
+                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, False, SUB, STAGES, True)
+        else:  # many segments away from both ends (short documents): no row bounds to check
+            _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+                     seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, True, False, SUB, STAGES, False)
     else:
         # No boundary in (p0 - 3, p_last]: every tap is inside, every row inside [0, S).
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment

@@ -1,0 +1,120 @@
+"""SHA-256 digests of y, dx, dweight and dbias of the Triton backend over a fixed set of cases.
+
+Run it once per code version (PYTHONPATH=<that version>) and compare the printed lines: equal
+digests mean the two versions compute the same bits on every case. It is how a kernel change that
+must not move a bit ("bits unchanged", issue 17) is shown against main on the GPU, where the
+sigmoid and the row loops run the code users run. The cases span the document mixes of the
+benchmark (every document of length 1, uniform 1-8 / 1-64 / 1-1,024, the seed mix, one document),
+C from 8 to 2048 (odd multiples of 8 too), with and without bias, bf16 / fp16 / fp32 x, FP32 and
+bf16 taps, the [B, T, C] form, and, at each mix, every backward and forward configuration of
+tuning.py (tuning never changes a bit either).
+
+    python benchmarks/tools/bits_digest.py --out digests.txt              # GPU
+    TRITON_INTERPRET=1 python benchmarks/tools/bits_digest.py --small     # CPU interpreter, small shapes
+
+Inputs are drawn from a seeded generator on the CPU, so every version sees the same values.
+"""
+
+import argparse
+import hashlib
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_cake_causal_conv1d_det import mix_lengths  # noqa: E402
+
+import cakeconv  # noqa: E402
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning  # noqa: E402
+
+
+def digest(t):
+    if t is None:
+        return "-"
+    return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+def cases(small: bool):
+    S_big, S_small = 250_340, 600
+    S = S_small if small else S_big
+    Cs = (8, 24) if small else (128, 512, 1160, 2048)
+    out = []
+    for mix in ("ones", "uniform:1-8", "uniform:1-64", "uniform:1-1024", "seed", "one"):
+        for C in Cs:
+            out.append(dict(mix=mix, S=S, C=C, bias=C % 3 != 0, dtype=torch.bfloat16, wdtype=torch.float32))
+    # dtypes, taps and odd lengths at one mix
+    for dtype, wdtype in ((torch.float32, torch.float32), (torch.float16, torch.bfloat16)):
+        out.append(dict(mix="uniform:1-8", S=S + 13, C=Cs[1], bias=True, dtype=dtype, wdtype=wdtype))
+    out.append(dict(mix="uniform:1-64", S=S + 5, C=Cs[0], bias=False, dtype=torch.float32, wdtype=torch.float32))
+    return out
+
+
+def inputs(case, seed):
+    g = torch.Generator().manual_seed(seed)
+    S, C = case["S"], case["C"]
+    x = torch.randn(S, C, generator=g).to(case["dtype"])
+    dy = torch.randn(S, C, generator=g).to(case["dtype"])
+    w = (torch.randn(C, 4, generator=g) * 0.5).to(case["wdtype"])
+    b = (torch.randn(C, generator=g) * 0.5).to(case["wdtype"]) if case["bias"] else None
+    lens = mix_lengths(case["mix"], S, seed, 3000)
+    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32)
+    return x, dy, w, b, cu
+
+
+def run_case(case, device, configs):
+    x, dy, w, b, cu = (None if t is None else t.to(device) for t in inputs(case, case["C"] * 31 + case["S"]))
+    lines = []
+    y = cakeconv.cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
+    dx, dw, db = cakeconv.cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
+    name = f"{case['mix']} S={case['S']} C={case['C']} bias={case['bias']} x={str(case['dtype'])[6:]} w={str(case['wdtype'])[6:]}"
+    lines.append(f"{name}: y {digest(y)} dx {digest(dx)} dw {digest(dw)} db {digest(db)}")
+    if configs:  # every configuration must give the pick's bits: printed only where one differs
+        C, S = case["C"], case["S"]
+        wf = w.float()
+        bf = None if b is None else b.float()
+        ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device=device)
+        for cfg in tuning.FWD_CONFIGS:
+            y2 = torch.empty_like(x)
+            triton_launch.triton_forward(x, wf, bf, cu, None, y2, config=cfg)
+            if digest(y2) != digest(y) and w.dtype == torch.float32:
+                lines.append(f"  MISMATCH forward {cfg}")
+        for cfg in tuning.BWD_CONFIGS:
+            dx2, dw2 = torch.empty_like(x), torch.empty(C, 4, device=device)
+            db2 = torch.empty(C, device=device)
+            triton_launch.triton_backward(dy, x, wf, bf, cu, None, dx2, ws, dw2, db2, config=cfg)
+            same = digest(dx2) == digest(dx) and (w.dtype != torch.float32 or digest(dw2) == digest(dw))
+            if not same:
+                lines.append(f"  MISMATCH backward {cfg}")
+    # the [B, T, C] form: equal-length documents, bitwise the packed call
+    if case["mix"] == "one":
+        T = case["S"] // 4
+        xb = x[: 4 * T].reshape(4, T, -1)
+        yb = cakeconv.cake_causal_conv1d_det_train_forward(xb, w, b, backend="triton")
+        lines.append(f"{name} [4, {T}, C]: y {digest(yb)}")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true", help="small shapes (the CPU interpreter)")
+    ap.add_argument("--configs", action="store_true", help="also run every tuning configuration against the pick")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    random.seed(0)
+    print(f"# cakeconv from {os.path.dirname(cakeconv.__file__)}, device {device}", flush=True)
+    lines = []
+    for case in cases(args.small):
+        for line in run_case(case, device, args.configs):
+            print(line, flush=True)
+            lines.append(line)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
