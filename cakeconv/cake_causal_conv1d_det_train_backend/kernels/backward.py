@@ -85,8 +85,7 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
 
 @triton.jit
 def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT: tl.constexpr, MASKED: tl.constexpr, AHEAD_IDS: tl.constexpr = False,
-            BOUNDS: tl.constexpr = True):
+            HAS_FUT: tl.constexpr, MASKED: tl.constexpr, AHEAD_IDS: tl.constexpr = False):
     """dx[t] = w3 g[t] + w2 g[t+1] + w1 g[t+2] + w0 g[t+3] (FMAs in this order), stored.
 
     Where t + k leaves the segment, g[t + k] is zero, or the look-ahead halo ``fut[d, k-1-q]``
@@ -118,19 +117,18 @@ def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask
     dx = tl.fma(w2, g1, dx)
     dx = tl.fma(w1, g2, dx)
     dx = tl.fma(w0, g3, dx)
-    store_at(dxp, t, dx, cmask, S, MASKED and BOUNDS)
+    store_at(dxp, t, dx, cmask, S, MASKED)
 
 
 @triton.jit
-def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, INSIDE: tl.constexpr):
-    """Add row terms g * x[t-3+k] and g to the dweight/dbias accumulators when INSIDE (the row
-    belongs to the program's leaves; a compile-time flag), else leave them untouched."""
-    if INSIDE:
-        acc0 = tl.fma(g, a3, acc0)
-        acc1 = tl.fma(g, a2, acc1)
-        acc2 = tl.fma(g, a1, acc2)
-        acc3 = tl.fma(g, a0, acc3)
-        accb = accb + g
+def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside):
+    """Add row terms g * x[t-3+k] and g to the dweight/dbias accumulators when ``inside`` (a
+    scalar: the row belongs to the program's leaves), else leave them untouched (exactly)."""
+    acc0 = tl.where(inside, tl.fma(g, a3, acc0), acc0)
+    acc1 = tl.where(inside, tl.fma(g, a2, acc1), acc1)
+    acc2 = tl.where(inside, tl.fma(g, a1, acc2), acc2)
+    acc3 = tl.where(inside, tl.fma(g, a0, acc3), acc3)
+    accb = tl.where(inside, accb + g, accb)
     return acc0, acc1, acc2, acc3, accb
 
 
@@ -180,12 +178,9 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
               acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
               cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-              FEW: tl.constexpr, RECOMPUTE: tl.constexpr, LAST: tl.constexpr, BOUNDS: tl.constexpr):
+              FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr):
     """One loop step of _bwd_run: g of rows t+3..t+6 (x rows t..t+6 and dy rows t+3..t+6 loaded),
     their dweight/dbias terms (rows inside the leaf only), and dx of rows t..t+3 from g[t..t+6].
-
-    Rows t+4..t+6 lie past the leaf only in its LAST step (i = SUB - 4), which is peeled off the
-    loop: a compile-time flag, so the loop body carries no per-row "inside the leaf" predicate.
 
     Returns the accumulators, g of rows t+4..t+6 and the (d, end) of those rows for the next step.
     RECOMPUTE (FEW masked steps of STEP_BRANCH programs): (d, end) of rows t..t+2 come from the
@@ -207,19 +202,19 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
     g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg3,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, True)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB)
     g4, d4, s4, e4, a3, a2, a1 = bwd_g_rows(xa1, xa2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg4,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, not LAST)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB)
     g5, d5, s5, e5, a3, a2, a1 = bwd_g_rows(xa2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg5,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, not LAST)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB)
     g6, d6, s6, e6, a3, a2, a1 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg6,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, not LAST)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
     dxp = dx_base + i * sdx
     if MASKED and FEW and RECOMPUTE:
         d0, _, e0 = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, True)
@@ -227,75 +222,23 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
         d2, _, e2 = segment_of_rows(cu_ptr, t + 2, seg, n_seg, seq_len, HAS_CU, True)
     if IDS:  # dx_rows compares the indices of rows t+j .. t+j+3 itself
         dx_rows(dxp, t, g0, g1, g2, g3, i0, (i0, i1, i2, i3), w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
-                n_seg, HAS_FUT, MASKED, True, BOUNDS)
+                n_seg, HAS_FUT, MASKED, True)
         dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, i1, (i1, i2, i3, i4), w0, w1, w2, w3, fut_ptr, cols, cmask, sdx,
-                S, C, n_seg, HAS_FUT, MASKED, True, BOUNDS)
+                S, C, n_seg, HAS_FUT, MASKED, True)
         dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, i2, (i2, i3, i4, i5), w0, w1, w2, w3, fut_ptr, cols, cmask,
-                sdx, S, C, n_seg, HAS_FUT, MASKED, True, BOUNDS)
+                sdx, S, C, n_seg, HAS_FUT, MASKED, True)
         dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, i3, (i3, i4, i5, i6), w0, w1, w2, w3, fut_ptr, cols, cmask,
-                sdx, S, C, n_seg, HAS_FUT, MASKED, True, BOUNDS)
+                sdx, S, C, n_seg, HAS_FUT, MASKED, True)
     else:
         dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED, False, BOUNDS)
+                HAS_FUT, MASKED)
         dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED, False, BOUNDS)
+                HAS_FUT, MASKED)
         dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
-                n_seg, HAS_FUT, MASKED, False, BOUNDS)
+                n_seg, HAS_FUT, MASKED)
         dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
-                n_seg, HAS_FUT, MASKED, False, BOUNDS)
+                n_seg, HAS_FUT, MASKED)
     return acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6
-
-
-@triton.jit
-def _bwd_loop_step(x_base, dy_base, dx_base, cu_ptr, hist_ptr, fut_ptr, rows0, i, cols, cmask, sx, sdy, sdx, S, C,
-                   n_seg, seq_len, seg, dirty, b, w0, w1, w2, w3, xa0, xa1, xa2, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-                   i0, i1, i2, acc0, acc1, acc2, acc3, accb,
-                   HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-                   FEW: tl.constexpr, STEP_BRANCH: tl.constexpr, LAST: tl.constexpr, BOUNDS: tl.constexpr):
-    """Step i of _bwd_run's row loop (rows t = rows0 + i .. t + 3): load x and dy of rows t+3..t+6
-    (and their segment indices), run _bwd_step (the unmasked body on the clean steps of a
-    STEP_BRANCH program), and return the accumulators and what the next step carries: x, g, the
-    (d, end) and the indices of rows t+4..t+6."""
-    t = rows0 + i
-    xp = x_base + i * sx
-    dyp = dy_base + i * sdy
-    x3 = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED and BOUNDS)
-    x4 = load_at(xp + 4 * sx, t + 4, cmask, S, MASKED and BOUNDS)
-    x5 = load_at(xp + 5 * sx, t + 5, cmask, S, MASKED and BOUNDS)
-    x6 = load_at(xp + 6 * sx, t + 6, cmask, S, MASKED and BOUNDS)
-    dy3 = load_at(dyp + 3 * sdy, t + 3, cmask, S, MASKED and BOUNDS)
-    dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED and BOUNDS)
-    dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED and BOUNDS)
-    dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED and BOUNDS)
-    IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
-    i3, i4, i5, i6 = load_ids4(cu_ptr, t, n_seg, seq_len, i0, 3, IDS, BOUNDS)
-    ids = (i0, i1, i2, i3, i4, i5, i6)
-    if MASKED and FEW and STEP_BRANCH:
-        # Few segments: only the steps next to a boundary (or reaching row S) take the masked
-        # body; the others run the unmasked one, which computes the same bits there.
-        if ((dirty >> (i // 4)) & 1) == 0:
-            acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
-                xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-                acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, True, LAST, BOUNDS)
-        else:
-            acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
-                xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-                acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, True, LAST, BOUNDS)
-    else:
-        acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
-            xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-            acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-            cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, False, LAST, BOUNDS)
-    if (FEW and STEP_BRANCH) or IDS:  # those recompute (d, end) of their rows: nothing to carry
-        d4 = d0
-        d5 = d1
-        d6 = d2
-        e4 = e0
-        e5 = e1
-        e6 = e2
-    return acc0, acc1, acc2, acc3, accb, x4, x5, x6, g4, g5, g6, d4, d5, d6, e4, e5, e6, i4, i5, i6
 
 
 @triton.jit
@@ -303,7 +246,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
              n_seg, seq_len, seg, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-             STEP_BRANCH: tl.constexpr, BOUNDS: tl.constexpr = True):
+             STEP_BRANCH: tl.constexpr):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf).
 
     Step i (rows t = rows0 + i .. t + 3) loads x and dy of rows t+3..t+6, computes g of those
@@ -314,20 +257,16 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     kept two steps (the dweight window reading x[t-3] of rows loaded two steps earlier) stopped it.
     STEP_BRANCH (a speed choice, same bits): in a FEW masked program, the steps away from every
     boundary run the unmasked body (faster on the H200 at C >= 512 without bias).
-    BOUNDS: rows outside [0, S) read as zero and are not stored. Masked programs of many segments
-    that touch no such row (rows p0 - 3 .. p_last + 3 inside) run without it: the checks and
-    their predicates cost the short-document loop 12 of its 53 instructions per element (sm_90
-    SASS), and every value they would mask is in range there, so the bits are the same.
     """
-    xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED and BOUNDS)
-    xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED and BOUNDS)
-    xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED and BOUNDS)
-    xa0 = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED and BOUNDS)
-    xa1 = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED and BOUNDS)
-    xa2 = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED and BOUNDS)
-    dy0 = load_rows(dy_ptr, rows0, sdy, cols, cmask, S, MASKED and BOUNDS)
-    dy1 = load_rows(dy_ptr, rows0 + 1, sdy, cols, cmask, S, MASKED and BOUNDS)
-    dy2 = load_rows(dy_ptr, rows0 + 2, sdy, cols, cmask, S, MASKED and BOUNDS)
+    xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
+    xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
+    xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
+    xa0 = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED)
+    xa1 = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED)
+    xa2 = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED)
+    dy0 = load_rows(dy_ptr, rows0, sdy, cols, cmask, S, MASKED)
+    dy1 = load_rows(dy_ptr, rows0 + 1, sdy, cols, cmask, S, MASKED)
+    dy2 = load_rows(dy_ptr, rows0 + 2, sdy, cols, cmask, S, MASKED)
     acc0 = tl.zeros([R, BC], dtype=tl.float32)
     acc1 = tl.zeros([R, BC], dtype=tl.float32)
     acc2 = tl.zeros([R, BC], dtype=tl.float32)
@@ -337,12 +276,12 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     # step, those of rows t+3..t+6 loaded with x and dy (placeholders otherwise; nothing reads them).
     IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
     if IDS:
-        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len, BOUNDS)
-        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len, BOUNDS)
-        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len, BOUNDS)
-        i0 = load_ids(cu_ptr, rows0, n_seg, seq_len, BOUNDS)
-        i1 = load_ids(cu_ptr, rows0 + 1, n_seg, seq_len, BOUNDS)
-        i2 = load_ids(cu_ptr, rows0 + 2, n_seg, seq_len, BOUNDS)
+        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len)
+        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len)
+        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len)
+        i0 = load_ids(cu_ptr, rows0, n_seg, seq_len)
+        i1 = load_ids(cu_ptr, rows0 + 1, n_seg, seq_len)
+        i2 = load_ids(cu_ptr, rows0 + 2, n_seg, seq_len)
         # the rows after rows0 + 2 are not needed here: (d, end) of rows t..t+2 are the step's
         seg0, seg1, seg2, _unused = step_windows(im3, im2, im1, i0, i1, i2, i2)
     else:
@@ -369,21 +308,54 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
     if MASKED and FEW and STEP_BRANCH:
         dirty = dirty_steps(seg, p0, S, R, SUB)
-    else:
-        dirty = 0  # unused
-    # Every step but the last adds all four of its g rows to the leaf; the last one (rows past
-    # the leaf) is peeled off, so no step carries a per-row predicate for it.
-    for i in tl.range(0, SUB - 4, 4, num_stages=STAGES):
-        acc0, acc1, acc2, acc3, accb, xa0, xa1, xa2, g0, g1, g2, d0, d1, d2, e0, e1, e2, i0, i1, i2 = _bwd_loop_step(
-            x_base, dy_base, dx_base, cu_ptr, hist_ptr, fut_ptr, rows0, i, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, seg, dirty, b, w0, w1, w2, w3, xa0, xa1, xa2, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-            i0, i1, i2, acc0, acc1, acc2, acc3, accb,
-            HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, STEP_BRANCH, False, BOUNDS)
-    acc0, acc1, acc2, acc3, accb, xa0, xa1, xa2, g0, g1, g2, d0, d1, d2, e0, e1, e2, i0, i1, i2 = _bwd_loop_step(
-        x_base, dy_base, dx_base, cu_ptr, hist_ptr, fut_ptr, rows0, SUB - 4, cols, cmask, sx, sdy, sdx, S, C,
-        n_seg, seq_len, seg, dirty, b, w0, w1, w2, w3, xa0, xa1, xa2, g0, g1, g2, d0, d1, d2, e0, e1, e2,
-        i0, i1, i2, acc0, acc1, acc2, acc3, accb,
-        HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, STEP_BRANCH, True, BOUNDS)
+    for i in tl.range(0, SUB, 4, num_stages=STAGES):
+        t = rows0 + i
+        xp = x_base + i * sx
+        dyp = dy_base + i * sdy
+        x3 = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
+        x4 = load_at(xp + 4 * sx, t + 4, cmask, S, MASKED)
+        x5 = load_at(xp + 5 * sx, t + 5, cmask, S, MASKED)
+        x6 = load_at(xp + 6 * sx, t + 6, cmask, S, MASKED)
+        dy3 = load_at(dyp + 3 * sdy, t + 3, cmask, S, MASKED)
+        dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED)
+        dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
+        dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
+        i3, i4, i5, i6 = load_ids4(cu_ptr, t, n_seg, seq_len, i0, 3, IDS)
+        ids = (i0, i1, i2, i3, i4, i5, i6)
+        if MASKED and FEW and STEP_BRANCH:
+            # Few segments: only the steps next to a boundary (or reaching row S) take the masked
+            # body; the others run the unmasked one, which computes the same bits there.
+            if ((dirty >> (i // 4)) & 1) == 0:
+                acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
+                    xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
+                    acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True)
+            else:
+                acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
+                    xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
+                    acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True)
+        else:
+            acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
+                xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
+                acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
+                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False)
+        xa0 = x4
+        xa1 = x5
+        xa2 = x6
+        g0 = g4
+        g1 = g5
+        g2 = g6
+        i0 = i4
+        i1 = i5
+        i2 = i6
+        if not (FEW and STEP_BRANCH) and not IDS:  # those recompute (d, end) of their rows: nothing to carry
+            d0 = d4
+            d1 = d5
+            d2 = d6
+            e0 = e4
+            e1 = e5
+            e2 = e6
     return acc0, acc1, acc2, acc3, accb
 
 
@@ -429,16 +401,10 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES, STEP_BRANCH)
-        elif (p0 - 3 < 0) | (p_last + 3 >= S):  # reads rows outside [0, S)
+        else:
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH,
-                True)
-        else:  # many segments away from both ends (short documents): no row bounds to check
-            acc0, acc1, acc2, acc3, accb = _bwd_run(
-                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH,
-                False)
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH)
     else:
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         acc0, acc1, acc2, acc3, accb = _bwd_run(
