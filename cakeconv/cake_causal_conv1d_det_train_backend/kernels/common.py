@@ -10,9 +10,9 @@ taps reach) contain no boundary takes the unmasked path; otherwise it places eac
 segment d(t): by comparing t with the boundaries it loaded once when the program touches at most
 FEW_SEGMENTS segments (nearly always), else by comparing the per-token segment indices of
 neighbouring rows (built once per cu_seqlens, kernels/segment_ids.py) or, without those, a binary
-search restricted to its segments. Rows outside [0, S) read as zero and are never stored; only
-masked programs at either end of the rows check that (``BOUNDS``): every other program touches
-rows inside [0, S) alone.
+search restricted to its segments. Rows outside [0, S) read as zero and are never stored. The
+forward checks that only in masked programs at either end of the rows (``BOUNDS``; every other
+program touches rows inside [0, S) alone); the backward checks it in every masked program.
 """
 
 import triton
