@@ -287,13 +287,13 @@ def test_triton_row_strided_inputs_give_the_contiguous_bits(width):
 
 @pytest.mark.parametrize("use_ids,leads", [(True, (0, 37, 129)), (False, (0, 129))], ids=["segment_ids", "search"])
 def test_short_documents_give_the_same_bits_in_middle_and_end_programs(use_ids, leads):
-    """Programs of many segments away from both ends of the rows (short documents in the middle
-    of a long batch) skip every row-bounds check; those at either end keep them. A document's y
-    and dx rows must not depend on which kind of program computes them: the same short documents
-    are packed after lead-ins of 0, 37 and 129 one-token documents (0 and 129 for the binary-search
-    lookup), which moves each of them across forward programs (16 rows in the interpreter),
-    backward programs (two leaves, 128 rows) and both ends. Backward programs [128, 256) and
-    [256, 384) of S >= 387 are middle ones.
+    """Forward programs of many segments away from both ends of the rows (short documents in the
+    middle of a long batch) skip every row-bounds check; those at either end keep them (so does
+    every masked backward program today). A document's y and dx rows must not depend on which kind
+    of program computes them: the same short documents are packed after lead-ins of 0, 37 and 129
+    one-token documents (0 and 129 for the binary-search lookup), which moves each of them across
+    forward programs (16 rows in the interpreter), backward programs (two leaves, 128 rows) and
+    both ends. Backward programs [128, 256) and [256, 384) of S >= 387 are middle ones.
     """
     C = 8
     gen = torch.Generator().manual_seed(21)
