@@ -286,7 +286,7 @@ def test_triton_row_strided_inputs_give_the_contiguous_bits(width):
 
 
 @pytest.mark.parametrize("use_ids,leads", [(True, (0, 37, 129)), (False, (0, 129))], ids=["segment_ids", "search"])
-def test_short_documents_give_the_same_bits_in_middle_and_end_programs(use_ids, leads):
+def test_short_documents_give_the_same_bits_in_middle_and_end_programs(use_ids, leads, monkeypatch):
     """Forward programs of many segments away from both ends of the rows (short documents in the
     middle of a long batch) skip every row-bounds check; those at either end keep them (so does
     every masked backward program today). A document's y and dx rows must not depend on which kind
@@ -300,28 +300,24 @@ def test_short_documents_give_the_same_bits_in_middle_and_end_programs(use_ids, 
     lens = torch.randint(1, 9, (100,), generator=gen).tolist()  # uniform 1-8: about 450 tokens
     L = sum(lens)
     x_d, w, b, dy_d = make_inputs(L, C, seed=22)
-    saved = triton_launch.use_ids
-    triton_launch.use_ids = use_ids
-    try:
-        ref = None
-        for lead in leads:
-            x_l, _, _, dy_l = make_inputs(lead + 5, C, seed=23 + lead)
-            x = torch.cat([x_l[:lead], x_d, x_l[lead:]])
-            dy = torch.cat([dy_l[:lead], dy_d, dy_l[lead:]])
-            cu = torch.tensor([0] + list(range(1, lead + 1)) + [lead + v for v in torch.tensor(lens).cumsum(0).tolist()]
-                              + [lead + L + 5], dtype=torch.int32)
-            assert x.shape[0] >= 387
-            y = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
-            dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
-            dx_o, dw_o, db_o = causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)
-            assert rel_err(y, causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[x.dtype], lead
-            assert rel_err(dx, dx_o) < TOLERANCES[x.dtype], lead
-            assert rel_err(dw, dw_o) < 1e-5 and rel_err(db, db_o) < 1e-5, lead
-            rows = (y[lead:lead + L], dx[lead:lead + L])
-            if ref is None:
-                ref = rows
-            else:
-                assert torch.equal(rows[0], ref[0]), f"y, lead-in {lead}"
-                assert torch.equal(rows[1], ref[1]), f"dx, lead-in {lead}"
-    finally:
-        triton_launch.use_ids = saved
+    monkeypatch.setattr(triton_launch, "use_ids", use_ids)
+    ref = None
+    for lead in leads:
+        x_l, _, _, dy_l = make_inputs(lead + 5, C, seed=23 + lead)
+        x = torch.cat([x_l[:lead], x_d, x_l[lead:]])
+        dy = torch.cat([dy_l[:lead], dy_d, dy_l[lead:]])
+        cu = torch.tensor([0] + list(range(1, lead + 1)) + [lead + v for v in torch.tensor(lens).cumsum(0).tolist()]
+                          + [lead + L + 5], dtype=torch.int32)
+        assert x.shape[0] >= 387
+        y = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
+        dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
+        dx_o, dw_o, db_o = causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)
+        assert rel_err(y, causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[x.dtype], lead
+        assert rel_err(dx, dx_o) < TOLERANCES[x.dtype], lead
+        assert rel_err(dw, dw_o) < 1e-5 and rel_err(db, db_o) < 1e-5, lead
+        rows = (y[lead:lead + L], dx[lead:lead + L])
+        if ref is None:
+            ref = rows
+        else:
+            assert torch.equal(rows[0], ref[0]), f"y, lead-in {lead}"
+            assert torch.equal(rows[1], ref[1]), f"dx, lead-in {lead}"

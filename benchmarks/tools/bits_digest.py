@@ -6,8 +6,8 @@ must not move a bit ("bits unchanged", issue 17) is shown against main on the GP
 sigmoid and the row loops run the code users run. The cases span the document mixes of the
 benchmark (every document of length 1, uniform 1-8 / 1-64 / 1-1,024, the seed mix, one document),
 C = 128, 512 and 2048 (8 and 24 with --small), with and without bias, bf16 / fp16 / fp32 x, FP32 and
-bf16 taps, the [B, T, C] form, and, at each mix, every backward and forward configuration of
-tuning.py (tuning never changes a bit either).
+bf16 taps, and the [B, T, C] form, each through the picked configuration (that every other
+configuration gives the same bits is tests/test_gpu.py's test_gpu_every_config_gives_the_same_bits).
 
     python benchmarks/tools/bits_digest.py --out digests.txt              # GPU
     TRITON_INTERPRET=1 python benchmarks/tools/bits_digest.py --small     # CPU interpreter, small shapes
@@ -19,7 +19,6 @@ import argparse
 import hashlib
 import itertools
 import os
-import random
 import sys
 
 import torch
@@ -28,7 +27,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench_cake_causal_conv1d_det import mix_lengths  # noqa: E402
 
 import cakeconv  # noqa: E402
-from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning  # noqa: E402
 
 
 def digest(t):
@@ -66,30 +64,13 @@ def inputs(case, seed, device):
     return x, dy, w, b, cu
 
 
-def run_case(case, device, configs):
+def run_case(case, device):
     x, dy, w, b, cu = inputs(case, case["C"] * 31 + case["S"], device)
     lines = []
     y = cakeconv.cake_causal_conv1d_det_train_forward(x, w, b, cu, backend="triton")
     dx, dw, db = cakeconv.cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="triton")
     name = f"{case['mix']} S={case['S']} C={case['C']} bias={case['bias']} x={str(case['dtype'])[6:]} w={str(case['wdtype'])[6:]}"
     lines.append(f"{name}: y {digest(y)} dx {digest(dx)} dw {digest(dw)} db {digest(db)}")
-    if configs:  # every configuration must give the pick's bits: printed only where one differs
-        C, S = case["C"], case["S"]
-        wf = w.float()
-        bf = None if b is None else b.float()
-        ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device=device)
-        for cfg in tuning.FWD_CONFIGS:
-            y2 = torch.empty_like(x)
-            triton_launch.triton_forward(x, wf, bf, cu, None, y2, config=cfg)
-            if digest(y2) != digest(y) and w.dtype == torch.float32:
-                lines.append(f"  MISMATCH forward {cfg}")
-        for cfg in tuning.BWD_CONFIGS:
-            dx2, dw2 = torch.empty_like(x), torch.empty(C, 4, device=device)
-            db2 = torch.empty(C, device=device)
-            triton_launch.triton_backward(dy, x, wf, bf, cu, None, dx2, ws, dw2, db2, config=cfg)
-            same = digest(dx2) == digest(dx) and (w.dtype != torch.float32 or digest(dw2) == digest(dw))
-            if not same:
-                lines.append(f"  MISMATCH backward {cfg}")
     # the [B, T, C] form: equal-length documents, bitwise the packed call
     if case["mix"] == "one":
         T = case["S"] // 4
@@ -102,15 +83,13 @@ def run_case(case, device, configs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="small shapes (the CPU interpreter)")
-    ap.add_argument("--configs", action="store_true", help="also run every tuning configuration against the pick")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    random.seed(0)
     print(f"# cakeconv from {os.path.dirname(cakeconv.__file__)}, device {device}", flush=True)
     lines = []
     for case in cases(args.small):
-        for line in run_case(case, device, args.configs):
+        for line in run_case(case, device):
             print(line, flush=True)
             lines.append(line)
     if args.out:
