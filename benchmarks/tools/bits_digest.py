@@ -11,6 +11,9 @@ configuration gives the same bits is tests/test_gpu.py's test_gpu_every_config_g
 
     python benchmarks/tools/bits_digest.py --out digests.txt              # GPU
     TRITON_INTERPRET=1 python benchmarks/tools/bits_digest.py --small     # CPU interpreter, small shapes
+    python benchmarks/tools/bits_digest.py --shard 1/3                    # every third case, from the second
+
+Shards print their lines in case order; sorting the lines of all shards gives one comparable list.
 
 Inputs are drawn from a seeded generator on the device, so every version sees the same values.
 """
@@ -84,11 +87,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="small shapes (the CPU interpreter)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--shard", default="0/1", metavar="I/N",
+                    help="run only the cases whose index is I modulo N (N processes in parallel compile N times faster)")
     args = ap.parse_args()
+    shard, n_shards = (int(v) for v in args.shard.split("/"))
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"--shard {args.shard}: need 0 <= I < N")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"# cakeconv from {os.path.dirname(cakeconv.__file__)}, device {device}", flush=True)
     lines = []
-    for case in cases(args.small):
+    for i, case in enumerate(cases(args.small)):
+        if i % n_shards != shard:
+            continue
         for line in run_case(case, device):
             print(line, flush=True)
             lines.append(line)
