@@ -85,7 +85,8 @@ def bwd_g_rows(a3, a2, a1, a0, dy, t, b, w0, w1, w2, w3, cu_ptr, hist_ptr, cols,
 
 @triton.jit
 def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-            HAS_FUT: tl.constexpr, MASKED: tl.constexpr, AHEAD_IDS: tl.constexpr = False):
+            HAS_FUT: tl.constexpr, MASKED: tl.constexpr, AHEAD_IDS: tl.constexpr = False,
+            BOUNDS: tl.constexpr = True):
     """dx[t] = w3 g[t] + w2 g[t+1] + w1 g[t+2] + w0 g[t+3] (FMAs in this order), stored.
 
     Where t + k leaves the segment, g[t + k] is zero, or the look-ahead halo ``fut[d, k-1-q]``
@@ -117,7 +118,7 @@ def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask
     dx = tl.fma(w2, g1, dx)
     dx = tl.fma(w1, g2, dx)
     dx = tl.fma(w0, g3, dx)
-    store_at(dxp, t, dx, cmask, S, MASKED)
+    store_at(dxp, t, dx, cmask, S, MASKED and BOUNDS)
 
 
 @triton.jit
@@ -178,7 +179,7 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
               acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
               cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-              FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr):
+              FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr, BOUNDS: tl.constexpr = True):
     """One loop step of _bwd_run: g of rows t+3..t+6 (x rows t..t+6 and dy rows t+3..t+6 loaded),
     their dweight/dbias terms (rows inside the leaf only), and dx of rows t..t+3 from g[t..t+6].
 
@@ -222,22 +223,22 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
         d2, _, e2 = segment_of_rows(cu_ptr, t + 2, seg, n_seg, seq_len, HAS_CU, True)
     if IDS:  # dx_rows compares the indices of rows t+j .. t+j+3 itself
         dx_rows(dxp, t, g0, g1, g2, g3, i0, (i0, i1, i2, i3), w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
-                n_seg, HAS_FUT, MASKED, True)
+                n_seg, HAS_FUT, MASKED, True, BOUNDS)
         dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, i1, (i1, i2, i3, i4), w0, w1, w2, w3, fut_ptr, cols, cmask, sdx,
-                S, C, n_seg, HAS_FUT, MASKED, True)
+                S, C, n_seg, HAS_FUT, MASKED, True, BOUNDS)
         dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, i2, (i2, i3, i4, i5), w0, w1, w2, w3, fut_ptr, cols, cmask,
-                sdx, S, C, n_seg, HAS_FUT, MASKED, True)
+                sdx, S, C, n_seg, HAS_FUT, MASKED, True, BOUNDS)
         dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, i3, (i3, i4, i5, i6), w0, w1, w2, w3, fut_ptr, cols, cmask,
-                sdx, S, C, n_seg, HAS_FUT, MASKED, True)
+                sdx, S, C, n_seg, HAS_FUT, MASKED, True, BOUNDS)
     else:
         dx_rows(dxp, t, g0, g1, g2, g3, d0, e0, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED)
+                HAS_FUT, MASKED, False, BOUNDS)
         dx_rows(dxp + sdx, t + 1, g1, g2, g3, g4, d1, e1, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C, n_seg,
-                HAS_FUT, MASKED)
+                HAS_FUT, MASKED, False, BOUNDS)
         dx_rows(dxp + 2 * sdx, t + 2, g2, g3, g4, g5, d2, e2, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
-                n_seg, HAS_FUT, MASKED)
+                n_seg, HAS_FUT, MASKED, False, BOUNDS)
         dx_rows(dxp + 3 * sdx, t + 3, g3, g4, g5, g6, d3, e3, w0, w1, w2, w3, fut_ptr, cols, cmask, sdx, S, C,
-                n_seg, HAS_FUT, MASKED)
+                n_seg, HAS_FUT, MASKED, False, BOUNDS)
     return acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6
 
 
@@ -246,7 +247,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
              n_seg, seq_len, seg, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-             STEP_BRANCH: tl.constexpr):
+             STEP_BRANCH: tl.constexpr, BOUNDS: tl.constexpr = True):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf).
 
     Step i (rows t = rows0 + i .. t + 3) loads x and dy of rows t+3..t+6, computes g of those
@@ -257,16 +258,20 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     kept two steps (the dweight window reading x[t-3] of rows loaded two steps earlier) stopped it.
     STEP_BRANCH (a speed choice, same bits): in a FEW masked program, the steps away from every
     boundary run the unmasked body (faster on the H200 at C >= 512 without bias).
+    BOUNDS: rows outside [0, S) read as zero and are not stored. Masked programs of many segments
+    that touch no such row (rows p0 - 3 .. p_last + 3 inside) run without it: the checks and
+    their predicates cost the short-document loop 12 of its 53 instructions per element (sm_90
+    SASS), and every value they would mask is in range there, so the bits are the same.
     """
-    xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED)
-    xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED)
-    xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED)
-    xa0 = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED)
-    xa1 = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED)
-    xa2 = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED)
-    dy0 = load_rows(dy_ptr, rows0, sdy, cols, cmask, S, MASKED)
-    dy1 = load_rows(dy_ptr, rows0 + 1, sdy, cols, cmask, S, MASKED)
-    dy2 = load_rows(dy_ptr, rows0 + 2, sdy, cols, cmask, S, MASKED)
+    xm3 = load_rows(x_ptr, rows0 - 3, sx, cols, cmask, S, MASKED and BOUNDS)
+    xm2 = load_rows(x_ptr, rows0 - 2, sx, cols, cmask, S, MASKED and BOUNDS)
+    xm1 = load_rows(x_ptr, rows0 - 1, sx, cols, cmask, S, MASKED and BOUNDS)
+    xa0 = load_rows(x_ptr, rows0, sx, cols, cmask, S, MASKED and BOUNDS)
+    xa1 = load_rows(x_ptr, rows0 + 1, sx, cols, cmask, S, MASKED and BOUNDS)
+    xa2 = load_rows(x_ptr, rows0 + 2, sx, cols, cmask, S, MASKED and BOUNDS)
+    dy0 = load_rows(dy_ptr, rows0, sdy, cols, cmask, S, MASKED and BOUNDS)
+    dy1 = load_rows(dy_ptr, rows0 + 1, sdy, cols, cmask, S, MASKED and BOUNDS)
+    dy2 = load_rows(dy_ptr, rows0 + 2, sdy, cols, cmask, S, MASKED and BOUNDS)
     acc0 = tl.zeros([R, BC], dtype=tl.float32)
     acc1 = tl.zeros([R, BC], dtype=tl.float32)
     acc2 = tl.zeros([R, BC], dtype=tl.float32)
@@ -276,12 +281,12 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     # step, those of rows t+3..t+6 loaded with x and dy (placeholders otherwise; nothing reads them).
     IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
     if IDS:
-        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len)
-        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len)
-        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len)
-        i0 = load_ids(cu_ptr, rows0, n_seg, seq_len)
-        i1 = load_ids(cu_ptr, rows0 + 1, n_seg, seq_len)
-        i2 = load_ids(cu_ptr, rows0 + 2, n_seg, seq_len)
+        im3 = load_ids(cu_ptr, rows0 - 3, n_seg, seq_len, BOUNDS)
+        im2 = load_ids(cu_ptr, rows0 - 2, n_seg, seq_len, BOUNDS)
+        im1 = load_ids(cu_ptr, rows0 - 1, n_seg, seq_len, BOUNDS)
+        i0 = load_ids(cu_ptr, rows0, n_seg, seq_len, BOUNDS)
+        i1 = load_ids(cu_ptr, rows0 + 1, n_seg, seq_len, BOUNDS)
+        i2 = load_ids(cu_ptr, rows0 + 2, n_seg, seq_len, BOUNDS)
         # the rows after rows0 + 2 are not needed here: (d, end) of rows t..t+2 are the step's
         seg0, seg1, seg2, _unused = step_windows(im3, im2, im1, i0, i1, i2, i2)
     else:
@@ -312,15 +317,15 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         t = rows0 + i
         xp = x_base + i * sx
         dyp = dy_base + i * sdy
-        x3 = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED)
-        x4 = load_at(xp + 4 * sx, t + 4, cmask, S, MASKED)
-        x5 = load_at(xp + 5 * sx, t + 5, cmask, S, MASKED)
-        x6 = load_at(xp + 6 * sx, t + 6, cmask, S, MASKED)
-        dy3 = load_at(dyp + 3 * sdy, t + 3, cmask, S, MASKED)
-        dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED)
-        dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED)
-        dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED)
-        i3, i4, i5, i6 = load_ids4(cu_ptr, t, n_seg, seq_len, i0, 3, IDS)
+        x3 = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED and BOUNDS)
+        x4 = load_at(xp + 4 * sx, t + 4, cmask, S, MASKED and BOUNDS)
+        x5 = load_at(xp + 5 * sx, t + 5, cmask, S, MASKED and BOUNDS)
+        x6 = load_at(xp + 6 * sx, t + 6, cmask, S, MASKED and BOUNDS)
+        dy3 = load_at(dyp + 3 * sdy, t + 3, cmask, S, MASKED and BOUNDS)
+        dy4 = load_at(dyp + 4 * sdy, t + 4, cmask, S, MASKED and BOUNDS)
+        dy5 = load_at(dyp + 5 * sdy, t + 5, cmask, S, MASKED and BOUNDS)
+        dy6 = load_at(dyp + 6 * sdy, t + 6, cmask, S, MASKED and BOUNDS)
+        i3, i4, i5, i6 = load_ids4(cu_ptr, t, n_seg, seq_len, i0, 3, IDS, BOUNDS)
         ids = (i0, i1, i2, i3, i4, i5, i6)
         if MASKED and FEW and STEP_BRANCH:
             # Few segments: only the steps next to a boundary (or reaching row S) take the masked
@@ -329,17 +334,17 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                     acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True)
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True, BOUNDS)
             else:
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                     acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True)
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True, BOUNDS)
         else:
             acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                 xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                 acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False)
+                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False, BOUNDS)
         xa0 = x4
         xa1 = x5
         xa2 = x6
@@ -401,10 +406,18 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES, STEP_BRANCH)
-        else:
+        elif (p0 - 3 < 0) | (p_last + 3 >= S):  # reads rows outside [0, S): the first or last row block
+            # Not software-pipelined (1 stage): a fourth pipelined loop made the kernel's shared memory
+            # twice that of one loop's buffers (Triton 3.6's allocator placed two loops' apart).
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH)
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, STEP_BRANCH,
+                True)
+        else:  # many segments away from both ends (short documents): no row bounds to check
+            acc0, acc1, acc2, acc3, accb = _bwd_run(
+                x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH,
+                False)
     else:
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         acc0, acc1, acc2, acc3, accb = _bwd_run(
