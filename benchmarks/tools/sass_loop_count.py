@@ -8,6 +8,9 @@ unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md 
     python benchmarks/tools/sass_loop_count.py            # instructions per element (C = 512 picks), both
                                                           # segment lookups of many-segment programs
     python benchmarks/tools/sass_loop_count.py --spills   # register spills in the backward's loops per C
+    python benchmarks/tools/sass_loop_count.py --mix-diff # opcodes per element, backward with segment ids at
+                                                          # C = 512 without bias: many-segment middle loop
+                                                          # against the unmasked loop
 """
 
 import collections
@@ -59,30 +62,33 @@ def _opcode(text):
     return re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text).group(1)
 
 
+LOOP_NAMES = ("few segments", "many segments, ends", "many segments, middle", "unmasked")
+
+
 def row_loops(sass):
-    """(few, general, unmasked): the three row loops in the kernels' code order (address order):
-    masked with preloaded boundaries (programs touching at most FEW_SEGMENTS segments; in a
-    STEP_BRANCH backward this loop holds both the masked and the unmasked step body), masked with a
-    segment lookup per row (more segments: a binary search, or per-token segment indices), unmasked.
+    """The four row loops in the kernels' code order (address order), named as LOOP_NAMES: masked
+    with preloaded boundaries (programs touching at most FEW_SEGMENTS segments; in a STEP_BRANCH
+    backward this loop holds both the masked and the unmasked step body); masked with a segment
+    lookup per row (more segments: a binary search, or per-token segment indices) in the first and
+    last row blocks, with row-bounds checks; the same in every other row block, without them (since
+    session 18 in the forward, 19 in the backward); unmasked.
     (Until session 10 they were told apart by size, which swapped the first two in the backward.)"""
-    few, general, unmasked = sorted(largest_loops(sass, 3), key=lambda loop: loop[0][0])
-    return few, general, unmasked
+    return dict(zip(LOOP_NAMES, sorted(largest_loops(sass, len(LOOP_NAMES)), key=lambda loop: loop[0][0])))
 
 
 def report(name, sass, regs, elems_per_step):
-    """Instructions per element of the three row loops, the unmasked loop's mix, the global loads
-    (LDG: not pipelined; LDGSTS: cp.async, pipelined) and spills of the many-segment loop."""
-    few, general, unmasked = row_loops(sass)
-    ops = collections.Counter(_opcode(t) for _, t in unmasked)
+    """Instructions per element of the four row loops, the unmasked loop's mix, and per loop the
+    global loads (LDG: not pipelined; LDGSTS: cp.async, pipelined) and spill accesses."""
+    loops = row_loops(sass)
+    ops = collections.Counter(_opcode(t) for _, t in loops["unmasked"])
     mix = ", ".join(f"{k} {v / elems_per_step:.1f}" for k, v in ops.most_common(8))
-    general_ops = [_opcode(t) for _, t in general]
-    loads = general_ops.count("LDG")
-    async_loads = general_ops.count("LDGSTS")
-    spills = sum(("LDL" in t) or ("STL" in t) for _, t in general)
-    print(f"{name}: {regs} registers; per element: unmasked loop {len(unmasked) / elems_per_step:.1f}, "
-          f"masked loops {len(few) / elems_per_step:.1f} (few segments) / {len(general) / elems_per_step:.1f} "
-          f"(many segments; {loads} LDG, {async_loads} LDGSTS, {spills} spill accesses in that loop) "
-          f"instructions; unmasked mix: {mix}")
+    cells = []
+    for loop_name, loop in loops.items():
+        opcodes = [_opcode(t) for _, t in loop]
+        spills = sum(("LDL" in t) or ("STL" in t) for _, t in loop)
+        cells.append(f"{loop_name} {len(loop) / elems_per_step:.1f} ({opcodes.count('LDG')} LDG, "
+                     f"{opcodes.count('LDGSTS')} LDGSTS, {spills} spills)")
+    print(f"{name}: {regs} registers; instructions per element: " + "; ".join(cells) + f"; unmasked mix: {mix}")
 
 
 def bwd_consts(cfg, C, bias, has_cu=True):
@@ -93,7 +99,7 @@ def bwd_consts(cfg, C, bias, has_cu=True):
 
 
 def spill_report(channels=(128, 512, 1024, 2048, 8192)):
-    """Local-memory loads and stores (register spills) inside the backward pick's three row loops,
+    """Local-memory loads and stores (register spills) inside the backward pick's four row loops,
     with and without bias, per C (the row stride is a compile-time constant, so each C compiles
     anew)."""
     for C in channels:
@@ -101,15 +107,34 @@ def spill_report(channels=(128, 512, 1024, 2048, 8192)):
         cells = []
         for bias in (False, True):
             sass, _ = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, C, bias), cfg, 9)
-            few, general, unmasked = row_loops(sass)
-            spills = [sum(("LDL" in t) or ("STL" in t) for _, t in loop) for loop in (unmasked, few, general)]
-            cells.append(f"bias={bias}: spills unmasked {spills[0]}, masked few {spills[1]}, searching {spills[2]}")
+            spills = {k: sum(("LDL" in t) or ("STL" in t) for _, t in loop) for k, loop in row_loops(sass).items()}
+            cells.append(f"bias={bias}: spills " + ", ".join(f"{k} {v}" for k, v in spills.items()))
         print(f"backward C={C} {cfg}: " + " | ".join(cells), flush=True)
+
+
+def mix_diff(C=512):
+    """Opcodes per element in which the backward's many-segment middle loop (segment indices, the
+    pick at C without bias) differs from its unmasked loop: what the segment rule costs."""
+    cfg = tuning.pick_bwd_config(C, 2, False)
+    sass, _ = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, C, False, 2), cfg, 9)
+    loops = row_loops(sass)
+    per_step = ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps)
+    middle = collections.Counter(_opcode(t) for _, t in loops["many segments, middle"])
+    unmasked = collections.Counter(_opcode(t) for _, t in loops["unmasked"])
+    print(f"backward (segment ids) C={C} {cfg}, no bias: middle {sum(middle.values()) / per_step:.1f}, "
+          f"unmasked {sum(unmasked.values()) / per_step:.1f} instructions per element")
+    for op in sorted(set(middle) | set(unmasked), key=lambda k: unmasked[k] - middle[k]):
+        if middle[op] != unmasked[op]:
+            print(f"  {op:10s} middle {middle[op] / per_step:5.2f}  unmasked {unmasked[op] / per_step:5.2f}  "
+                  f"difference {(middle[op] - unmasked[op]) / per_step:+.2f}")
 
 
 def main():
     if "--spills" in sys.argv[1:]:
         spill_report()
+        return 0
+    if "--mix-diff" in sys.argv[1:]:
+        mix_diff()
         return 0
     # HAS_CU True: rows of many-segment programs placed by a binary search over cu; SEGMENT_IDS (2):
     # by comparing per-token segment indices (kernels/segment_ids.py). --segment-ids: only the latter

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Never run; superseded by s19_call1.sh (session 19), which ran this A/B on a1720fe.
 # Session 18's third device call (one H200), not run (288 s of device time were left, too few to start a machine):
 # v18c (benchmarks/variants/v18c_backward.patch, applied to a copy of this tree's cakeconv/ in .variants/v18c) against
 # this tree (main).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran on a1720fe (the patch was removed from benchmarks/variants/ when it landed on main in aec1ccd).
 # Session 19's first device call (one H200; carry nothing): session 18's s18_call3.sh A/B, then v18c's bits and
 # GPU tests in the same call.
 #   .variants/v18c = this tree's cakeconv/ with benchmarks/variants/v18c_backward.patch (built here)
