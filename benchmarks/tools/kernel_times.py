@@ -1,10 +1,13 @@
 """Where the time of one forward / backward call goes, kernel by kernel (GPU, torch.profiler).
 
 For each C: the device time of every kernel the call launches (median over repeats), their sum,
-and the call's wall time between CUDA events (the difference is launch gaps). Uses the tuner's
-picks and the sweep's document mix (benchmarks/tools/sweep_configs.random_cu).
+and the call's wall time between CUDA events (the difference is launch gaps), and the main
+kernel's time against the pass's byte floor at the copy bandwidth measured in the same run. Uses
+the tuner's picks and the sweep's document mix (benchmarks/tools/sweep_configs.random_cu), or
+``--doc-mix`` (the benchmark's mixes, e.g. ``seed``, ``uniform:1-8``; several, comma-separated).
 
     python benchmarks/tools/kernel_times.py --C 128,512 --out $OUT
+    python benchmarks/tools/kernel_times.py --C 128,512,2048 --bias no --doc-mix seed,uniform:1-8 --out $OUT
 """
 
 import argparse
@@ -16,7 +19,9 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from sweep_configs import random_cu  # benchmarks/tools/ is on sys.path when run as a script
+from ncu_profile import mix_cu  # benchmarks/tools/ is on sys.path when run as a script (ncu_profile adds benchmarks/)
+from sweep_configs import random_cu
+from bench_cake_causal_conv1d_det import FLOOR_FACTOR  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch
 
@@ -45,18 +50,37 @@ def profile_call(fn, flush):
     return per_kernel, walls
 
 
+def copy_bandwidth(buf):
+    """Device-to-device copy bandwidth (GB/s, read + write bytes) of half of ``buf`` into its other half."""
+    half = buf.numel() // 2
+    src, dst = buf[:half], buf[half:]
+    for _ in range(3):
+        dst.copy_(src)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        dst.copy_(src)
+    e.record()
+    e.synchronize()
+    return 2 * half * 10 / (s.elapsed_time(e) * 1e6)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--C", default="128,512")
     ap.add_argument("--S", type=int, default=250340)
     ap.add_argument("--bias", choices=("yes", "no"), default="yes")
+    ap.add_argument("--doc-mix", default=None, help="benchmark mixes, comma-separated (default: the sweep's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    copy_gbs = copy_bandwidth(flush)
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
     rows = []
     S = args.S
-    for C in [int(c) for c in args.C.split(",")]:
-        cu = random_cu(S, C)
+    mixes = [None] if args.doc_mix is None else args.doc_mix.split(",")
+    for mix, C in [(m, int(c)) for m in mixes for c in args.C.split(",")]:
+        cu = random_cu(S, C) if mix is None else mix_cu(S, mix, seed=C)
         x = torch.randn(S, C, device="cuda").bfloat16()
         dy = torch.randn(S, C, device="cuda").bfloat16()
         y, dx = torch.empty_like(x), torch.empty_like(x)
@@ -71,9 +95,15 @@ def main():
             per_kernel, walls = profile_call(fn, flush)
             kern = {k: statistics.median(v) for k, v in per_kernel.items()}
             wall = statistics.median(walls)
-            print(f"{name} S={S} C={C} bias={args.bias}: call {wall:.4f} ms, kernels {sum(kern.values()):.4f} ms = "
-                  + " + ".join(f"{k} {v:.4f}" for k, v in kern.items()), flush=True)
-            rows.append(dict(pass_=name, C=C, S=S, bias=args.bias, wall_ms=wall, kernels_ms=kern))
+            floor_ms = FLOOR_FACTOR[name] * S * C * x.element_size() / (copy_gbs * 1e6)  # the pass's bytes at the copy rate
+            main_ms = max(kern.values()) if kern else float("nan")
+            print(f"{name} {mix or 'sweep mix'} ({cu.numel() - 1} documents) S={S} C={C} bias={args.bias}: call "
+                  f"{wall:.4f} ms, kernels {sum(kern.values()):.4f} ms = "
+                  + " + ".join(f"{k} {v:.4f}" for k, v in kern.items())
+                  + f"; floor {floor_ms:.4f} ms: main kernel {floor_ms / main_ms:.3f}, call {floor_ms / wall:.3f}",
+                  flush=True)
+            rows.append(dict(pass_=name, mix=mix, C=C, S=S, bias=args.bias, wall_ms=wall, kernels_ms=kern,
+                             floor_ms=floor_ms, copy_gbs=copy_gbs))
     if args.out:
         with open(f"{args.out}/kernel_times.jsonl", "w") as f:
             for r in rows:
