@@ -9,5 +9,6 @@ echo "== tiers 1 and 3: reference backend, API, KCP over gloo =="
 python -m pytest -q tests
 echo "== tier 2: Triton kernels in the CPU interpreter (TRITON_INTERPRET=1), two worker processes =="
 # (pure-Python interpretation, one core per worker: 2 workers took 380 s where one took 583 s on a
-# 2-core machine; each worker is its own process, so TRITON_INTERPRET is set before triton loads)
-TRITON_INTERPRET=1 python -m pytest -q -m interpret tests -n 2
+# 2-core machine; each worker is its own process, so TRITON_INTERPRET is set before triton loads;
+# the 8 slowest tests are listed at the end: tier 2 is most of CI's time)
+TRITON_INTERPRET=1 python -m pytest -q -m interpret tests -n 2 --durations=8

@@ -85,36 +85,51 @@ def test_gpu_matches_reference_and_oracle(S, C):
     assert torch.equal(y, y2) and torch.equal(dx, dx2) and torch.equal(dw, dw2) and torch.equal(db, db2)
 
 
+EVERY_CONFIG_S = 100003  # rows of test_gpu_every_config_gives_the_same_bits (odd: a partial last program)
+
+# One test item per (C, configuration): each item compiles one configuration's kernels, so xdist
+# spreads the compiles over its workers (one item per C compiled 14 in one worker, minutes cold).
+_CONFIGS = [("fwd", cfg) for cfg in tuning.FWD_CONFIGS] + [("bwd", cfg) for cfg in tuning.BWD_CONFIGS]
+_CONFIG_IDS = [f"fwd{i}" for i in range(len(tuning.FWD_CONFIGS))] + [f"bwd{i}" for i in range(len(tuning.BWD_CONFIGS))]
+
+
+def _backward_with(dy, x, w, b, cu, cfg):
+    """(dx, dw, db) of the Triton backward under configuration cfg (None: the tuner's pick),
+    every output and the workspace filled with NaN first."""
+    S, C = x.shape
+    dx = torch.full_like(x, float("nan"))
+    dw = torch.full((C, 4), float("nan"), device=DEV)
+    db = torch.full((C,), float("nan"), device=DEV)
+    ws = torch.full((triton_launch.backward_workspace_floats(S, C),), float("nan"), device=DEV)
+    triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+    return dx, dw, db
+
+
+@pytest.mark.parametrize("pass_,cfg", _CONFIGS, ids=_CONFIG_IDS)
 @pytest.mark.parametrize("C", [128, 1160, 4096])
-def test_gpu_every_config_gives_the_same_bits(C):
-    """Forward and backward under every configuration the tuner may choose: identical bits."""
-    S = 100003
+def test_gpu_every_config_gives_the_same_bits(C, pass_, cfg):
+    """Forward or backward under one configuration the tuner may choose: the bits of the tuner's
+    pick (every configuration against the pick: all of them give the same bits)."""
+    S = EVERY_CONFIG_S
     cu = _random_docs(S, torch.Generator().manual_seed(C), mean=700)
     x, w, b, dy = _inputs(S, C, seed=3)
-    ys = []
-    for cfg in tuning.FWD_CONFIGS:
-        y = torch.full_like(x, float("nan"))
+    if pass_ == "fwd":
+        y_pick, y = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+        triton_launch.triton_forward(x, w, b, cu, None, y_pick)
         triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
-        ys.append(y)
-    assert all(torch.equal(ys[0], y) for y in ys[1:])
-    outs = []
-    for cfg in tuning.BWD_CONFIGS:
-        dx = torch.full_like(x, float("nan"))
-        dw = torch.full((C, 4), float("nan"), device=DEV)
-        db = torch.full((C,), float("nan"), device=DEV)
-        ws = torch.full((triton_launch.backward_workspace_floats(S, C),), float("nan"), device=DEV)
-        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
-        outs.append((dx, dw, db))
-    for o in outs[1:]:
-        for a, c in zip(outs[0], o):
-            assert torch.equal(a, c)
+        assert torch.equal(y, y_pick), cfg
+    else:
+        for a, c in zip(_backward_with(dy, x, w, b, cu, cfg), _backward_with(dy, x, w, b, cu, None)):
+            assert torch.equal(a, c), cfg
 
 
+@pytest.mark.parametrize("cfg", tuning.BWD_CONFIGS, ids=[f"bwd{i}" for i in range(len(tuning.BWD_CONFIGS))])
 @pytest.mark.parametrize("C", [256, 1160])
-def test_gpu_document_bits_do_not_depend_on_where_it_sits(C):
+def test_gpu_document_bits_do_not_depend_on_where_it_sits(C, cfg):
     """A document's dx rows are the same bits at every offset around the leaf (64 rows) and
-    program (128-512 rows) edges, under every backward configuration: the masked programs' row
-    steps away from a boundary take the unmasked body, the ones next to it the masked body."""
+    program (128-512 rows) edges, under each backward configuration (one test item each, so the
+    compiles spread over the workers): the masked programs' row steps away from a boundary take
+    the unmasked body, the ones next to it the masked body. The forward's rows too."""
     L = 1000
     x_d, w, b, dy_d = _inputs(L, C, seed=21)
     cu_alone = torch.tensor([0, L], dtype=torch.int32, device=DEV)
@@ -128,14 +143,8 @@ def test_gpu_document_bits_do_not_depend_on_where_it_sits(C):
         cu = torch.tensor([0, off, off + L, off + L + tail], dtype=torch.int32, device=DEV)
         y = cake_causal_conv1d_det_train_forward(x, w, b, cu)
         assert torch.equal(y[off:off + L], y_alone), off
-        S = x.shape[0]
-        for cfg in tuning.BWD_CONFIGS:
-            dx = torch.full_like(x, float("nan"))
-            dw = torch.empty(C, 4, device=DEV)
-            db = torch.empty(C, device=DEV)
-            ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device=DEV)
-            triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
-            assert torch.equal(dx[off:off + L], dx_alone), (off, cfg)
+        dx = _backward_with(dy, x, w, b, cu, cfg)[0]
+        assert torch.equal(dx[off:off + L], dx_alone), (off, cfg)
 
 
 def test_gpu_dweight_tree_is_the_documented_order_every_time():
