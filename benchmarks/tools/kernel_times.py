@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from ncu_profile import mix_cu  # benchmarks/tools/ is on sys.path when run as a script (ncu_profile adds benchmarks/)
 from sweep_configs import random_cu
-from bench_cake_causal_conv1d_det import FLOOR_FACTOR  # noqa: E402
+from bench_cake_causal_conv1d_det import FLOOR_FACTOR, Timer, measure_copy_bandwidth  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch
 
@@ -50,21 +50,6 @@ def profile_call(fn, flush):
     return per_kernel, walls
 
 
-def copy_bandwidth(buf):
-    """Device-to-device copy bandwidth (GB/s, read + write bytes) of half of ``buf`` into its other half."""
-    half = buf.numel() // 2
-    src, dst = buf[:half], buf[half:]
-    for _ in range(3):
-        dst.copy_(src)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(10):
-        dst.copy_(src)
-    e.record()
-    e.synchronize()
-    return 2 * half * 10 / (s.elapsed_time(e) * 1e6)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--C", default="128,512")
@@ -74,7 +59,8 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    copy_gbs = copy_bandwidth(flush)
+    dev = torch.device("cuda")  # the benchmark's copy measurement (its default 2 GiB, L2 flushed), so the fractions compare
+    copy_gbs, _ = measure_copy_bandwidth(torch, dev, Timer(dev, flush=True, host_ahead_us=0), 2 * 2**30, 10)
     print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
     rows = []
     S = args.S
