@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ncu_profile import mix_cu  # benchmarks/tools/ is on sys.path when run as a script (ncu_profile adds benchmarks/)
-from sweep_configs import random_cu
+from sweep_configs import HOST_AHEAD_CYCLES, random_cu
 from bench_cake_causal_conv1d_det import FLOOR_FACTOR, Timer, measure_copy_bandwidth  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch
@@ -29,7 +29,8 @@ REPS = 10
 
 
 def profile_call(fn, flush):
-    """({kernel name: [device ms per call]}, [wall ms per call])."""
+    """({kernel name: [device ms per call]}, [wall ms per call]); the host is queued ahead of each
+    call (``HOST_AHEAD_CYCLES`` of sleep), so the wall time holds the GPU's gaps, not the host's."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -37,6 +38,7 @@ def profile_call(fn, flush):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPS):
             flush.zero_()
+            torch.cuda._sleep(HOST_AHEAD_CYCLES)
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn()

@@ -5,6 +5,11 @@ measured in the same run (floor bytes: forward 4*S*C, backward 6*S*C for bf16). 
 file per row when --out is given.
 
     python benchmarks/tools/sweep_configs.py --C 128,512,2048,8192 --out $OUT
+    python benchmarks/tools/sweep_configs.py --C 128,256 --doc-mix seed \
+        --extra "bwd:R=2,BC=128,num_warps=2,stages=4,maxnreg=128" --out $OUT
+
+``--extra`` adds configurations that tuning.py does not list (``fwd:`` or ``bwd:`` then the
+dataclass fields, several separated by ``;``), to try one before it becomes a candidate.
 """
 
 import argparse
@@ -27,6 +32,21 @@ def bwd_candidates(C):
     return [c for c in tuning.BWD_CONFIGS if c.BC <= max(64, triton.next_power_of_2(C))]
 
 
+def parse_extra(text):
+    """{"fwd": [FwdConfig...], "bwd": [BwdConfig...]} from "fwd:R=8,SUB=16,BC=128,num_warps=4;bwd:R=2,..."."""
+    out = {"fwd": [], "bwd": []}
+    for item in filter(None, (t.strip() for t in (text or "").split(";"))):
+        kind, _, fields = item.partition(":")
+        if kind not in out:
+            raise ValueError(f"--extra: {item!r} must start with fwd: or bwd:")
+        kw = {}
+        for f in fields.split(","):
+            k, _, v = f.partition("=")
+            kw[k.strip()] = v.strip() == "True" if v.strip() in ("True", "False") else (None if v.strip() == "None" else int(v))
+        out[kind].append((tuning.FwdConfig if kind == "fwd" else tuning.BwdConfig)(**kw))
+    return out
+
+
 def random_cu(S, seed, mean=3000):
     """cu_seqlens of documents with lengths uniform in 1..2*mean-1 (one document if mean >= S)."""
     g = torch.Generator().manual_seed(seed)
@@ -37,11 +57,16 @@ def random_cu(S, seed, mean=3000):
     return torch.tensor(cuts, dtype=torch.int32, device="cuda")
 
 
+HOST_AHEAD_CYCLES = 1_000_000  # ~0.5 ms at the H200's 1.98 GHz: the host queues the whole call before the GPU reaches it
+
+
 def time_calls(fn_list, reps, flush):
-    """Median ms of fn_list[i % len] over reps calls, each after an L2 flush."""
+    """Median ms of fn_list[i % len] over reps calls, each after an L2 flush, the host queued ahead
+    (a call's launch set-up is host time that must not land inside the span)."""
     ts = []
     for i in range(reps + 3):
         flush.zero_()
+        torch.cuda._sleep(HOST_AHEAD_CYCLES)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         fn = fn_list[i % len(fn_list)]
         s.record()
@@ -73,39 +98,51 @@ def main():
                     help="only the configuration tuning.py picks for each C (to compare code versions in one run)")
     ap.add_argument("--mean-doc", type=int, default=3000,
                     help="mean document length (uniform in 1..2*mean); larger than S: one document, no masked programs")
+    ap.add_argument("--doc-mix", default=None,
+                    help="one of the benchmark's document mixes (e.g. seed, uniform:1-8) instead of --mean-doc")
+    ap.add_argument("--extra", default=None,
+                    help='configurations to add, e.g. "fwd:R=8,SUB=16,BC=128,num_warps=4,stages=4,maxnreg=128;bwd:R=2,BC=128,num_warps=2"')
+    ap.add_argument("--bias", choices=("yes", "no"), default="yes")
     args = ap.parse_args()
+    extra = parse_extra(args.extra)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     bw = copy_bandwidth(flush)
     print(f"# {torch.cuda.get_device_name()} copy bandwidth {bw:.0f} GB/s", flush=True)
     rows = []
     S = args.S
     for C in [int(c) for c in args.C.split(",")]:
-        cu = random_cu(S, C, args.mean_doc)
+        if args.doc_mix:
+            from ncu_profile import mix_cu  # benchmarks/tools/ is on sys.path when run as a script
+            cu = mix_cu(S, args.doc_mix, seed=C)
+        else:
+            cu = random_cu(S, C, args.mean_doc)
         sets = []
         for k in range(3):
             x = torch.randn(S, C, device="cuda").bfloat16()
             dy = torch.randn(S, C, device="cuda").bfloat16()
             sets.append((x, dy, torch.empty_like(x), torch.empty_like(x)))
         w = torch.randn(C, 4, device="cuda")
-        b = torch.randn(C, device="cuda")
+        b = torch.randn(C, device="cuda") if args.bias == "yes" else None
         ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
         dw = torch.empty(C, 4, device="cuda")
-        db = torch.empty(C, device="cuda")
+        db = torch.empty(C, device="cuda") if b is not None else None
         if "fwd" in args.passes:
-            picks = [tuning.pick_fwd_config(C, 2, False)] if args.picks else fwd_candidates(C)
+            picks = [tuning.pick_fwd_config(C, 2, False)] if args.picks else fwd_candidates(C) + extra["fwd"]
             for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
                 frac = 4 * S * C / ms / 1e6 / bw
-                rows.append(dict(pass_="fwd", C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc))
+                rows.append(dict(pass_="fwd", C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc,
+                                 doc_mix=args.doc_mix, n_docs=cu.numel() - 1, bias=args.bias))
                 print(f"fwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
         if "bwd" in args.passes:
-            picks = [tuning.pick_bwd_config(C, 2, False)] if args.picks else bwd_candidates(C)
+            picks = [tuning.pick_bwd_config(C, 2, False, has_bias=b is not None)] if args.picks else bwd_candidates(C) + extra["bwd"]
             for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
                 frac = 6 * S * C / ms / 1e6 / bw
-                rows.append(dict(pass_="bwd", C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc))
+                rows.append(dict(pass_="bwd", C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc,
+                                 doc_mix=args.doc_mix, n_docs=cu.numel() - 1, bias=args.bias))
                 print(f"bwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
         del sets
     print("\n# best per (pass, C)")

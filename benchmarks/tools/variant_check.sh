@@ -8,6 +8,7 @@
 # Usage: bash benchmarks/tools/variant_check.sh NAME PATCH REF_TGZ REF_MEMBER...
 #   REF_TGZ / REF_MEMBER: the digest lines of this tree's kernels (a results .tgz and the files in it).
 # MIXES (default seed,uniform:1-8,uniform:1-1024) and MIX_ROWS (default C = 128, 512, 2048 at S = 250,340) go to mixab.
+# VARIANT_TESTS=0: steps 1 and 2 only (the tree stays unpatched; the call goes on with other steps).
 set -u
 NAME=$1; PATCH=$2; REF_TGZ=$3; shift 3
 export PYTHONUNBUFFERED=1
@@ -42,6 +43,7 @@ for k in differ:
     print("  DIFFER", k, "\n    reference", ref[k], f"\n    {name}", v[k])
 PY
 tar -czf "$OUT/bits.tgz" -C "$OUT" bits && rm -rf "$OUT/bits"
+[ "${VARIANT_TESTS:-1}" = 0 ] && { rm -f "$OUT/env.txt"; sed -n '/^== /,$p' "$OUT/mixab.txt" | grep -v "^ *$" | tail -40; exit 0; }
 patch -p1 -s < "$PATCH" && say "tree patched to $NAME"
 left=$(( 570 - ($(date +%s) - T0) ))
 say "GPU tests, ${left} s"
