@@ -31,9 +31,14 @@ def count_bounds_le(cu_ptr, n_seg, t, seq_len, HAS_CU: tl.constexpr, K: tl.const
     """Number of boundaries cu[d] (d = 0..N) that are <= t, for a scalar t (0 when t < 0).
 
     K-ary search: each round loads K evenly spaced candidates at once, so N up to 2**18 needs
-    at most three rounds of dependent loads.
+    at most three rounds of dependent loads. With per-token segment indices (HAS_CU ==
+    SEGMENT_IDS) one load: ids[t] = max{d : cu[d] <= t} is that count minus one for 0 <= t < S,
+    and load_ids gives -1 before row 0 and N at or past S (= cu[N]), so ids + 1 is the count
+    everywhere.
     """
-    if HAS_CU:
+    if HAS_CU == SEGMENT_IDS:
+        res = load_ids(cu_ptr, t, n_seg, seq_len) + 1
+    elif HAS_CU:
         lo = 0 * t  # invariant: cu[lo] <= t (cu[0] = 0); answer - 1 lies in [lo, lo + span]
         span = n_seg + 0 * t
         while span > 0:
@@ -54,10 +59,14 @@ def count_bounds_le(cu_ptr, n_seg, t, seq_len, HAS_CU: tl.constexpr, K: tl.const
 def window_has_boundary(cu_ptr, n_seg, lo, hi, seq_len, HAS_CU: tl.constexpr):
     """(n_lo, flag): n_lo = #boundaries <= lo, flag = some boundary cu[d] lies in (lo, hi].
 
-    One K-ary search and one load: the first boundary after lo is cu[n_lo].
+    One K-ary search and one load: the first boundary after lo is cu[n_lo]. With per-token
+    segment indices, two independent loads: a boundary lies in (lo, hi] when fewer lie at or
+    before lo than at or before hi.
     """
     n_lo = count_bounds_le(cu_ptr, n_seg, lo, seq_len, HAS_CU)
-    if HAS_CU:
+    if HAS_CU == SEGMENT_IDS:
+        flag = n_lo != count_bounds_le(cu_ptr, n_seg, hi, seq_len, HAS_CU)
+    elif HAS_CU:
         nxt = tl.load(cu_ptr + tl.minimum(n_lo, n_seg))
         flag = (n_lo <= n_seg) & (nxt <= hi)
     else:
