@@ -103,7 +103,10 @@ def main():
     ap.add_argument("--extra", default=None,
                     help='configurations to add, e.g. "fwd:R=8,SUB=16,BC=128,num_warps=4,stages=4,maxnreg=128;bwd:R=2,BC=128,num_warps=2"')
     ap.add_argument("--bias", choices=("yes", "no"), default="yes")
+    ap.add_argument("--shard", default="0/1", metavar="I/N",
+                    help="only every N-th configuration from the I-th (compile warm-ups in N processes)")
     args = ap.parse_args()
+    shard, n_shards = (int(v) for v in args.shard.split("/"))
     extra = parse_extra(args.extra)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     bw = copy_bandwidth(flush)
@@ -128,6 +131,7 @@ def main():
         db = torch.empty(C, device="cuda") if b is not None else None
         if "fwd" in args.passes:
             picks = [tuning.pick_fwd_config(C, 2, False)] if args.picks else fwd_candidates(C) + extra["fwd"]
+            picks = picks[shard::n_shards]
             for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
@@ -137,6 +141,7 @@ def main():
                 print(f"fwd C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
         if "bwd" in args.passes:
             picks = [tuning.pick_bwd_config(C, 2, False, has_bias=b is not None)] if args.picks else bwd_candidates(C) + extra["bwd"]
+            picks = picks[shard::n_shards]
             for cfg in picks:
                 fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg) for s in sets]
                 ms = time_calls(fns, args.reps, flush)
