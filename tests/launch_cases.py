@@ -14,8 +14,8 @@ Which case reaches which value (kernel argument: values):
                                       16 (C = 128), 17 (C = 136); n_seg: 1, 3, 16, 17;
                                       seq_len: 1 ([B, 1, C]), 16, 17
     main kernel, 2+ groups            S: 8208, 16385, 131072; C8: 1, 2, 16; n_seg: 1, 8208; seq_len: 1
-    group kernel (2+ groups)          n_nodes: 33, 256, ...; n_leaves: 257, 2048, ...; C: 8, 16, 128
-    finalize kernel (2+ groups)       n_groups: 16 (S = 16 * 8192 at C = 8), 3; C: 8, 16, 24
+    group kernel (2+ groups)          n_nodes: 33, 256, ...; n_leaves: 257, 2048, ...; n_groups: 16 (S = 16 * 8192
+                                      at C = 8), 3; C: 8, 16, 24, 128
     KCP row kernels (1-rank context)  n_rows: 1, 3, 7, 10, 16, 17, 48; S: 17, 32, 34, 40, 320; n_seg: 2, 7, 32, 34
     halo gather                       n_rows (D * H rows): 6, 21, 96, 102; C: 8, 16, 24, 128, 136
     segment-index build (5+ segments) n1: 6, 16, 17, 18, ...; S: 1, 16, 17, 100, ...
@@ -33,11 +33,10 @@ from cakeconv import build_kcp_context, cake_causal_conv1d_det, cake_causal_conv
 # Integer arguments that never take the value 1 (by name, or (kernel, name)): 5 * C (C >= 8), C
 # itself, row strides (>= 8 elements), n1 (the segment-index build runs for 5+ segments), and what
 # only two or more groups of the dweight tree launch (S > 8192; one group is the one-group kernel's):
-# the main kernel's S, the group kernel's node and leaf counts, the finalize kernel's group and
-# leaf counts.
+# the main kernel's S, the group kernel's node, leaf and group counts.
 CANNOT_BE_ONE = {"C5", "C", "so", "sl", "sr", "n1", ("cake_conv_bwd_kernel", "S"),
                  ("cake_conv_bwd_group_kernel", "n_nodes"), ("cake_conv_bwd_group_kernel", "n_leaves"),
-                 ("cake_conv_bwd_finalize_kernel", "n_groups"), ("cake_conv_bwd_finalize_kernel", "n_leaves")}
+                 ("cake_conv_bwd_group_kernel", "n_groups")}
 
 
 def cannot_be_one(kernel: str, arg: str) -> bool:

@@ -108,9 +108,12 @@ def test_triton_tuning_never_changes_bits():
 
 
 def test_triton_dweight_tree_over_several_groups():
-    """S of one full group (8192 rows) and a partial second: the group sums and dweight/dbias of the
-    group and finalize kernels are the bits of the documented order redone on the host from the
-    nodes the backward kernel wrote, for two node sizes (R = 4 and 8), and match float64."""
+    """S of one full group (8192 rows) and a partial second: two launches, the main kernel and the
+    group kernel. The group sums and the dweight/dbias that the group kernel's last program of
+    each column block (by ticket) writes are the bits of the documented order redone on the host
+    from the nodes the main kernel wrote, for two node sizes (R = 4 and 8), and match float64; the
+    ticket counters are 0 again after each launch. The second launch takes its counters from the
+    workspace (as the custom ops and CUDA graphs do: after the nodes, zeroed first)."""
     S, C = 8192 + 700, 8
     cu = torch.tensor([0, 3, 5000, 8190, 8195, 8300, S], dtype=torch.int32)
     x, w, b, dy = make_inputs(S, C, seed=12)
@@ -122,7 +125,14 @@ def test_triton_dweight_tree_over_several_groups():
         dw = torch.full((C, 4), float("nan"))
         db = torch.full((C,), float("nan"))
         ws = torch.full((n_ws,), float("nan"))
-        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1))
+        with triton_launch.record_launches(launch=True) as launches:
+            triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1),
+                                          tickets_in_workspace=R == 8)
+        assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_kernel", "cake_conv_bwd_group_kernel"]
+        tickets = launches[1].args[3]
+        assert tickets.dtype == torch.int32 and tickets.shape[0] >= launches[1].grid[1] and not tickets.any()
+        in_ws = ws.data_ptr() <= tickets.data_ptr() < ws.data_ptr() + n_ws * 4
+        assert in_ws == (R == 8)
         gs, dw_host, db_host = backward_tree_from_nodes(ws, S, C, R)
         assert torch.equal(ws[n_leaves * 5 * C:(n_leaves + n_groups) * 5 * C].view(n_groups, 5, C), gs)
         assert torch.equal(dw, dw_host) and torch.equal(db, db_host)
@@ -167,8 +177,9 @@ def test_triton_one_group_is_added_by_the_last_program(S, R, C, bias, calls):
 def test_triton_custom_op_takes_the_tickets_from_its_workspace():
     """The backward custom op (what torch.compile calls) takes the one-group kernel's ticket
     counters from its workspace, zeroed first (nothing kept across calls can land in a CUDA-graph
-    memory pool), and gives the eager entry point's bits; the counters are 0 again afterwards."""
-    S, C = 700, 16
+    memory pool), and gives the eager entry point's bits; the counters are 0 again afterwards.
+    (The group kernel's counters: test_triton_dweight_tree_over_several_groups.)"""
+    S, C, kernel, arg = 700, 16, "cake_conv_bwd_one_group_kernel", 11
     cu = torch.tensor([0, 3, 300, 301, S], dtype=torch.int32)
     x, w, b, dy = make_inputs(S, C, seed=14)
     n_ws = triton_launch.backward_workspace_floats(S, C)
@@ -176,8 +187,8 @@ def test_triton_custom_op_takes_the_tickets_from_its_workspace():
     dx, dw, db = torch.empty_like(x), torch.empty((C, 4)), torch.empty((C,))
     with triton_launch.record_launches(launch=True) as launches:
         torch.ops.cakeconv.cake_causal_conv1d_det_backward_into(dy, x, w, b, cu, "triton", dx, ws, dw, db)
-    assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_one_group_kernel"]
-    tickets = launches[0].args[11]
+    assert [rec.kernel.name for rec in launches][-1] == kernel
+    tickets = launches[-1].args[arg]
     start, end = ws.data_ptr(), ws.data_ptr() + n_ws * 4
     assert start <= tickets.data_ptr() and tickets.data_ptr() + tickets.numel() * 4 <= end
     assert not tickets.any()

@@ -20,14 +20,16 @@ before writing (fewer partial bytes); the group kernel finishes the tree from le
 the warp count change speed, never bits.
 
 Launches: S <= TREE_LEAVES * BWD_SUB rows (one group) take one, the one-group kernel, whose last
-program per channel block (by ticket) finishes the tree; more groups take three, the main, group
-and finalize kernels.
+program per channel block (by ticket) finishes the tree; more groups take two, the main kernel
+and the group kernel, whose last program per column block (by ticket) adds the group sums.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import (
+    INTERPRET,
     conv_pre,
     load_taps,
     count_bounds_le,
@@ -122,14 +124,17 @@ def dx_rows(dxp, t, g0, g1, g2, g3, d, end, w0, w1, w2, w3, fut_ptr, cols, cmask
 
 
 @triton.jit
-def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside):
+def _acc_row(acc0, acc1, acc2, acc3, accb, g, a3, a2, a1, a0, inside, DB: tl.constexpr):
     """Add row terms g * x[t-3+k] and g to the dweight/dbias accumulators when ``inside`` (a
-    scalar: the row belongs to the program's leaves), else leave them untouched (exactly)."""
+    scalar: the row belongs to the program's leaves), else leave them untouched (exactly).
+    Without DB (no bias) the dbias accumulator stays zero: nothing reads its sum then, and the
+    row loops save one add per element."""
     acc0 = tl.where(inside, tl.fma(g, a3, acc0), acc0)
     acc1 = tl.where(inside, tl.fma(g, a2, acc1), acc1)
     acc2 = tl.where(inside, tl.fma(g, a1, acc2), acc2)
     acc3 = tl.where(inside, tl.fma(g, a0, acc3), acc3)
-    accb = tl.where(inside, accb + g, accb)
+    if DB:
+        accb = tl.where(inside, accb + g, accb)
     return acc0, acc1, acc2, acc3, accb
 
 
@@ -179,7 +184,8 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
               acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
               cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
-              FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr, BOUNDS: tl.constexpr = True):
+              FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr, BOUNDS: tl.constexpr = True,
+              DB: tl.constexpr = True):
     """One loop step of _bwd_run: g of rows t+3..t+6 (x rows t..t+6 and dy rows t+3..t+6 loaded),
     their dweight/dbias terms (rows inside the leaf only), and dx of rows t..t+3 from g[t..t+6].
 
@@ -203,19 +209,19 @@ def _bwd_step(xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0,
     g3, d3, s3, e3, a3, a2, a1 = bwd_g_rows(xa0, xa1, xa2, x3, dy3, t + 3, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg3,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g3, a3, a2, a1, x3, i + 3 < SUB, DB)
     g4, d4, s4, e4, a3, a2, a1 = bwd_g_rows(xa1, xa2, x3, x4, dy4, t + 4, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg4,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g4, a3, a2, a1, x4, i + 4 < SUB, DB)
     g5, d5, s5, e5, a3, a2, a1 = bwd_g_rows(xa2, x3, x4, x5, dy5, t + 5, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg5,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g5, a3, a2, a1, x5, i + 5 < SUB, DB)
     g6, d6, s6, e6, a3, a2, a1 = bwd_g_rows(x3, x4, x5, x6, dy6, t + 6, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg6,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g6, a3, a2, a1, x6, i + 6 < SUB, DB)
     dxp = dx_base + i * sdx
     if MASKED and FEW and RECOMPUTE:
         d0, _, e0 = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, True)
@@ -247,7 +253,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
              n_seg, seq_len, seg, b, w0, w1, w2, w3,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-             STEP_BRANCH: tl.constexpr, BOUNDS: tl.constexpr = True):
+             STEP_BRANCH: tl.constexpr, BOUNDS: tl.constexpr = True, DB: tl.constexpr = True):
     """Walk R leaves from rows0 ([R]); returns the five [R, BC] accumulators (one row per leaf).
 
     Step i (rows t = rows0 + i .. t + 3) loads x and dy of rows t+3..t+6, computes g of those
@@ -299,15 +305,15 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     g0, d0, s0, e0, a3, a2, a1 = bwd_g_rows(xm3, xm2, xm1, xa0, dy0, rows0, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg0,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g0, a3, a2, a1, xa0, True)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g0, a3, a2, a1, xa0, True, DB)
     g1, d1, s1, e1, a3, a2, a1 = bwd_g_rows(xm2, xm1, xa0, xa1, dy1, rows0 + 1, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg1,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g1, a3, a2, a1, xa1, True)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g1, a3, a2, a1, xa1, True, DB)
     g2, d2, s2, e2, a3, a2, a1 = bwd_g_rows(xm1, xa0, xa1, xa2, dy2, rows0 + 2, b, w0, w1, w2, w3, cu_ptr, hist_ptr,
                                             cols, cmask, C, n_seg, seq_len, seg2,
                                             HAS_CU, HAS_HIST, MASKED, FEW)
-    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g2, a3, a2, a1, xa2, True)
+    acc0, acc1, acc2, acc3, accb = _acc_row(acc0, acc1, acc2, acc3, accb, g2, a3, a2, a1, xa2, True, DB)
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
     dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
@@ -334,17 +340,17 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                     acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True, BOUNDS)
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, True, BOUNDS, DB)
             else:
                 acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                     xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                     acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True, BOUNDS)
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, True, BOUNDS, DB)
         else:
             acc0, acc1, acc2, acc3, accb, g4, g5, g6, d4, d5, d6, e4, e5, e6 = _bwd_step(
                 xa0, xa1, xa2, x3, x4, x5, x6, dy3, dy4, dy5, dy6, g0, g1, g2, d0, d1, d2, e0, e1, e2,
                 acc0, acc1, acc2, acc3, accb, t, i, dx_base, b, w0, w1, w2, w3, cu_ptr, hist_ptr, fut_ptr,
-                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False, BOUNDS)
+                cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB, False, BOUNDS, DB)
         xa0 = x4
         xa1 = x5
         xa2 = x6
@@ -381,6 +387,10 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
     cake_conv_bwd_dx_rows_kernel once fut has arrived (the exchange overlaps this kernel).
     """
+    if not INTERPRET:
+        # the group kernel that follows may launch once every program has started (it waits for
+        # this kernel's results before reading any: programmatic dependent launch)
+        gdc_launch_dependents()
     C = C8 * 8
     # 1-D grid, channel blocks fastest: the programs of one row block run side by side and
     # read whole rows together.
@@ -405,24 +415,26 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
         if d_hi - d_lo < FEW_SEGMENTS:
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES, STEP_BRANCH)
+                n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES, STEP_BRANCH,
+                DB=HAS_BIAS)
         elif (p0 - 3 < 0) | (p_last + 3 >= S):  # reads rows outside [0, S): the first or last row block
             # Not software-pipelined (1 stage): a fourth pipelined loop made the kernel's shared memory
             # twice that of one loop's buffers (Triton 3.6's allocator placed two loops' apart).
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, STEP_BRANCH,
-                True)
+                True, DB=HAS_BIAS)
         else:  # many segments away from both ends (short documents): no row bounds to check
             acc0, acc1, acc2, acc3, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH,
-                False)
+                False, DB=HAS_BIAS)
     else:
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         acc0, acc1, acc2, acc3, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, R, BC, STAGES, STEP_BRANCH)
+            n_seg, seq_len, no_seg, b, w0, w1, w2, w3, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, R, BC, STAGES, STEP_BRANCH,
+            DB=HAS_BIAS)
     base = ws_ptr + pid_s.to(tl.int64) * 5 * C + cols
     tl.store(base + 0 * C, pairwise_sum_rows(acc0, R, BC, LOGR), mask=cmask)
     tl.store(base + 1 * C, pairwise_sum_rows(acc1, R, BC, LOGR), mask=cmask)
@@ -491,14 +503,37 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
         tl.atomic_xchg(ticket_ptr + pid_c, 0, sem="relaxed", scope="gpu")
 
 
-@triton.jit(do_not_specialize=["n_nodes", "n_leaves", "C"])
-def cake_conv_bwd_group_kernel(ws_ptr, n_nodes, n_leaves, C, M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr):
-    """gs[g, j] = pairwise tree sum of ws[g * M + i, j], i = 0..M-1 (missing nodes read as 0),
-    j < 5 * C; the group sums gs start in the workspace at leaf n_leaves (ws + n_leaves * 5 * C).
-    Two or more groups only (one group: cake_conv_bwd_one_group_kernel adds it).
+@triton.jit(do_not_specialize=["n_nodes", "n_leaves", "n_groups", "C"])
+def cake_conv_bwd_group_kernel(ws_ptr, dw_ptr, db_ptr, ticket_ptr, n_nodes, n_leaves, n_groups, C,
+                               HAS_BIAS: tl.constexpr, M: tl.constexpr, LOGM: tl.constexpr, BLK: tl.constexpr,
+                               GB: tl.constexpr, LOGGB: tl.constexpr):
+    """Steps 2 and 3 of the order (module docstring), two or more groups, one launch after the main kernel.
 
-    Grid: (G, cdiv(5 * C, BLK)). M = TREE_LEAVES / R nodes of level log2(R) per group.
+    Columns j < 5 C of the partials: j = k * C + c, tap k of channel c (k = 4: the bias). Program
+    (g, pj) adds group g in the columns j of block pj (BLK of them),
+
+        gs[g, j] = pairwise tree over i = 0..M-1 of ws[g * M + i, j]   (missing nodes read as 0;
+                                                                        M = TREE_LEAVES / R),
+
+    into the group sums (ws + n_leaves * 5 C), then takes a ticket of its column block:
+    ``ticket[pj]``, an int32 counter that is 0 when the launch starts. The program drawing the last
+    one (n_groups - 1) is the only one of its column block left, with every group sum of its
+    columns written; it adds them as the documented order does,
+
+        total[j] = 0 + T(block 0) + T(block 1) + ...   T: pairwise tree over GB groups (missing: 0)
+        dw[c, k] = total[j] (k < 4),   db[c] = total[j] (k = 4, HAS_BIAS)
+
+    in dw's / db's dtype, and sets its counter back to 0 for the next launch on the stream (the
+    counters: launch.py, ``TicketCounters``). The ticket decides which program adds, never the order
+    of the additions. Ordering: a barrier after each program's stores and an acquire-release ticket
+    at GPU scope, so the last program's loads (``.cg``: from L2) see every group sum.
+
+    Launched as a programmatic dependent of the main kernel (its launch overlaps the main kernel's
+    last programs): it waits for the main kernel's results (``gdc_wait``) before reading anything.
+    Grid: (G, cdiv(5 C, BLK)).
     """
+    if not INTERPRET:
+        gdc_wait()
     g = tl.program_id(0)
     pj = tl.program_id(1)
     C5 = 5 * C
@@ -510,51 +545,23 @@ def cake_conv_bwd_group_kernel(ws_ptr, n_nodes, n_leaves, C, M: tl.constexpr, LO
     gsum = pairwise_sum_rows(v, M, BLK, LOGM)
     gs_ptr = ws_ptr + tl.cast(C, tl.int64) * 5 * n_leaves  # (tl.cast: either may be a compile-time 1)
     tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, gsum, mask=cm)
-
-
-@triton.jit
-def _group_block_sum(gs_ptr, blk0, n_groups, k, C, cols, cm, GB: tl.constexpr, LOGGB: tl.constexpr, BLK: tl.constexpr):
-    """Pairwise tree sum of gs[blk0 + i, k * C + cols] over i = 0..GB-1 (missing groups: 0)."""
-    gi = blk0 + tl.arange(0, GB)
-    offs = gi.to(tl.int64)[:, None] * 5 * C + k * C + cols[None, :]
-    v = tl.load(gs_ptr + offs, mask=(gi < n_groups)[:, None] & cm[None, :], other=0.0)
-    return pairwise_sum_rows(v, GB, BLK, LOGGB)
-
-
-@triton.jit(do_not_specialize=["n_leaves", "n_groups", "C"])
-def cake_conv_bwd_finalize_kernel(ws_ptr, dw_ptr, db_ptr, n_leaves, n_groups, C,
-                                  HAS_BIAS: tl.constexpr, BLK: tl.constexpr,
-                                  GB: tl.constexpr, LOGGB: tl.constexpr):
-    """dw[c, k] = sum_g gs[g, k * C + c] and db[c] = sum_g gs[g, 4 * C + c], gs = ws + n_leaves * 5 * C
-    (launched only for two or more groups: the one-group kernel finishes one group itself).
-
-    Order: a pairwise tree over each block of GB groups, then the blocks in order. Grid:
-    (cdiv(C, BLK),). Results are cast to the dw / db pointers' dtypes.
-    """
-    gs_ptr = ws_ptr + tl.cast(C, tl.int64) * 5 * n_leaves
-    pc = tl.program_id(0)
-    cols = pc * BLK + tl.arange(0, BLK)
-    cm = cols < C
-    acc0 = tl.zeros([BLK], dtype=tl.float32)
-    acc1 = tl.zeros([BLK], dtype=tl.float32)
-    acc2 = tl.zeros([BLK], dtype=tl.float32)
-    acc3 = tl.zeros([BLK], dtype=tl.float32)
-    accb = tl.zeros([BLK], dtype=tl.float32)
-    blk0 = 0 * n_groups
-    while blk0 < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
-        acc0 += _group_block_sum(gs_ptr, blk0, n_groups, 0, C, cols, cm, GB, LOGGB, BLK)
-        acc1 += _group_block_sum(gs_ptr, blk0, n_groups, 1, C, cols, cm, GB, LOGGB, BLK)
-        acc2 += _group_block_sum(gs_ptr, blk0, n_groups, 2, C, cols, cm, GB, LOGGB, BLK)
-        acc3 += _group_block_sum(gs_ptr, blk0, n_groups, 3, C, cols, cm, GB, LOGGB, BLK)
-        accb += _group_block_sum(gs_ptr, blk0, n_groups, 4, C, cols, cm, GB, LOGGB, BLK)
-        blk0 += GB
-    ty = dw_ptr.dtype.element_ty
-    tl.store(dw_ptr + cols * 4 + 0, acc0.to(ty), mask=cm)
-    tl.store(dw_ptr + cols * 4 + 1, acc1.to(ty), mask=cm)
-    tl.store(dw_ptr + cols * 4 + 2, acc2.to(ty), mask=cm)
-    tl.store(dw_ptr + cols * 4 + 3, acc3.to(ty), mask=cm)
-    if HAS_BIAS:
-        tl.store(db_ptr + cols, accb.to(db_ptr.dtype.element_ty), mask=cm)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + pj, 1, sem="acq_rel", scope="gpu")
+    if ticket == n_groups - 1:
+        total = tl.zeros([BLK], dtype=tl.float32)
+        blk0 = 0 * n_groups
+        while blk0 < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
+            gi = blk0 + tl.arange(0, GB)
+            goffs = gi.to(tl.int64)[:, None] * C5 + cols[None, :]
+            gv = tl.load(gs_ptr + goffs, mask=(gi < n_groups)[:, None] & cm[None, :], other=0.0, cache_modifier=".cg")
+            total += pairwise_sum_rows(gv, GB, BLK, LOGGB)
+            blk0 += GB
+        k = cols // C
+        c = cols - k * C
+        tl.store(dw_ptr + c * 4 + k, total.to(dw_ptr.dtype.element_ty), mask=cm & (k < 4))
+        if HAS_BIAS:
+            tl.store(db_ptr + c, total.to(db_ptr.dtype.element_ty), mask=cm & (k == 4))
+        tl.atomic_xchg(ticket_ptr + pj, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit(do_not_specialize=["n_rows", "S", "C8", "n_seg"])

@@ -44,7 +44,6 @@ from .backward import (
     LOG2_TREE_LEAVES,
     TREE_LEAVES,
     cake_conv_bwd_dx_rows_kernel,
-    cake_conv_bwd_finalize_kernel,
     cake_conv_bwd_group_kernel,
     cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
@@ -62,7 +61,6 @@ except ImportError:  # CPU build (the interpreter and the recorder need neither)
 
 SEGMENT_IDS_VALUE = SEGMENT_IDS.value  # HAS_CU of a launch with per-token segment ids
 _GROUP_BLK = 64
-_FINAL_BLK = 32
 # Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
 # code path (masked / unmasked, varlen / uniform) and not in another, which changes bits.
 _NO_FUSION = {"enable_fp_fusion": False}
@@ -123,11 +121,15 @@ class Kernel:
     16-byte aligned (module docstring) and launched directly with the pointers passed as addresses
     (no ``data_ptr`` call or driver pointer query per argument in the launcher); otherwise, and for
     the first launch of a key, ``kernel[grid](...)`` runs it.
+
+    ``pdl``: every launch is a programmatic dependent launch (the kernel may start while the one
+    before it on the stream finishes; it must wait for it, ``gdc_wait``, before touching memory).
     """
 
-    def __init__(self, fn):
+    def __init__(self, fn, pdl=False):
         self.fn = fn
         self.name = fn.__name__
+        self.pdl = pdl
         self._compiled: dict = {}
 
     def prepare(self, grid, dtypes, scalars, constants, warps, maxnreg=None) -> "Prepared":
@@ -174,11 +176,11 @@ class Prepared:
         if _recording is not None:
             key = None if bits & 15 else self.key
             _recording.append(Launch(self.kernel, key, self.grid, (*pointers, *self.args),
-                                     _options(self.warps, self.maxnreg)))
+                                     _options(self.warps, self.maxnreg, self.kernel.pdl)))
             if not _recording_launches:
                 return
         if INTERPRET:
-            self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg))
+            self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg, self.kernel.pdl))
             return
         device = _cuda_getDevice()
         if not bits & 15:
@@ -188,7 +190,7 @@ class Prepared:
                 grid = self.grid
                 fn(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), *head, *addrs, *self.args)
                 return
-        compiled = self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg))
+        compiled = self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg, self.kernel.pdl))
         if not bits & 15:
             self.kernel._compiled[(device, self.key)] = compiled
             self._device, self._direct = device, direct_launch(compiled)
@@ -218,24 +220,24 @@ FWD = Kernel(cake_conv_fwd_kernel)
 FWD_ROWS = Kernel(cake_conv_fwd_rows_kernel)
 BWD = Kernel(cake_conv_bwd_kernel)
 BWD_ONE_GROUP = Kernel(cake_conv_bwd_one_group_kernel)
-BWD_GROUP = Kernel(cake_conv_bwd_group_kernel)
-BWD_FINALIZE = Kernel(cake_conv_bwd_finalize_kernel)
+BWD_GROUP = Kernel(cake_conv_bwd_group_kernel, pdl=True)  # right after the main kernel, which lets it launch early
 BWD_HEAD = Kernel(cake_conv_bwd_head_kernel)
 BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
 HALO_GATHER = Kernel(cake_halo_gather_kernel)
 SEGMENT_IDS_BUILD = Kernel(cake_segment_ids_kernel)
-KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_FINALIZE, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
+KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
 
 
 _OPTIONS: dict = {}
 
 
-def _options(warps: int, maxnreg: int | None) -> dict:
+def _options(warps: int, maxnreg: int | None, pdl: bool = False) -> dict:
     """Triton launch options (one dict per combination, reused)."""
-    opts = _OPTIONS.get((warps, maxnreg))
+    opts = _OPTIONS.get((warps, maxnreg, pdl))
     if opts is None:
-        opts = {"num_warps": warps, **({} if maxnreg is None else {"maxnreg": maxnreg}), **_NO_FUSION}
-        _OPTIONS[(warps, maxnreg)] = opts
+        opts = {"num_warps": warps, **({} if maxnreg is None else {"maxnreg": maxnreg}), **_NO_FUSION,
+                **({"launch_pdl": True} if pdl else {})}
+        _OPTIONS[(warps, maxnreg, pdl)] = opts
     return opts
 
 
@@ -356,8 +358,9 @@ def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, co
 
 
 class TicketCounters:
-    """The int32 counters of the one-group backward kernel's tickets (kernels/backward.py): one per
-    channel block of a launch, each 0 when the launch starts.
+    """The int32 counters of the backward's tickets (kernels/backward.py): the one-group kernel's, one
+    per channel block of a launch, or the group kernel's, one per column block; each 0 when the
+    launch starts.
 
     ``get(ws_F, n, at, in_workspace)``: n counters for a launch on the current device and stream
     whose FP32 workspace is ws_F.
@@ -366,8 +369,8 @@ class TicketCounters:
       used back to 0, so the next launch on the same stream (which runs after it) finds them at 0;
       a launch on another stream may run at the same time and has its own buffer.
     - ``in_workspace`` (the custom ops, i.e. under torch.compile) or capturing a CUDA graph: the
-      counters are ws_F[at : at + n] (the group-sum slots, which one group does not use), zeroed by
-      a memset first (captured with the kernel). Nothing is allocated, and a graph shares its
+      counters are ws_F[at : at + n] (slots the call does not use: one group's group-sum slot, or
+      the leaf slots after the nodes), zeroed by a memset first (captured with the kernel). Nothing is allocated, and a graph shares its
       counters with no eager launch and no other graph, whatever streams they are replayed on.
       torch.compile's CUDA-graph mode (``mode="reduce-overhead"``) runs its warm-up with every
       allocation routed to the graph's memory pool, where a buffer kept across calls must not live.
@@ -400,19 +403,19 @@ class BackwardLaunches:
     """The backward kernels' launches for one operand layout (``prepare_backward``).
 
     One group of the dweight tree (S <= TREE_LEAVES * BWD_SUB): the one-group main kernel alone,
-    which also writes dw / db (``one_group``: its counters' count and workspace offset). Two or
-    more groups: the main kernel, the group kernel, then the finalize kernel.
+    which also writes dw / db. Two or more groups: the main kernel, then the group kernel, which
+    writes them. ``tickets``: the count and workspace offset of the ticket counters of the kernel
+    that writes dw / db.
 
     ``run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None,
     tickets_in_workspace=False)`` with tensors of the layout it was prepared for; writes dx, dw and
     (if given) db. ``tickets_in_workspace``: see ``TicketCounters`` (the custom ops set it).
     """
 
-    __slots__ = ("main", "ids", "group", "finalize", "S", "one_group")
+    __slots__ = ("main", "ids", "group", "S", "tickets")
 
-    def __init__(self, main: Prepared, ids, group, finalize, S: int, one_group=None):
-        self.main, self.ids, self.group, self.finalize, self.S = main, ids, group, finalize, S
-        self.one_group = one_group
+    def __init__(self, main: Prepared, ids, group, S: int, tickets):
+        self.main, self.ids, self.group, self.S, self.tickets = main, ids, group, S, tickets
 
     def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None,
             tickets_in_workspace=False):
@@ -425,14 +428,13 @@ class BackwardLaunches:
             launch, cu_or_ids = self.ids, segment_ids_buffer(cu, self.S)
         else:
             launch, cu_or_ids = self.main, w if cu is None else cu
-        if self.one_group is not None:
-            n_tickets, at = self.one_group
-            tickets = TICKETS.get(ws_F, n_tickets, at, tickets_in_workspace)
+        n_tickets, at = self.tickets
+        tickets = TICKETS.get(ws_F, n_tickets, at, tickets_in_workspace)
+        if self.group is None:
             launch.run((x_SC, dy_SC, dx_SC, w, b, cu_or_ids, hist, fut, ws_F, dw_CW, db, tickets))
             return
         launch.run((x_SC, dy_SC, dx_SC, w, b, cu_or_ids, hist, fut, ws_F))
-        self.group.run((ws_F,))
-        self.finalize.run((ws_F, dw_CW, db))
+        self.group.run((ws_F, dw_CW, db, tickets))
 
 
 def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_dtype, b_dtype, cu_dtype,
@@ -471,20 +473,23 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
     main = variant(cu_dtype is not None, cu_dtype)
     ids = variant(SEGMENT_IDS_VALUE, torch.int32) if _ids_apply(S, C, n_cu) else None
-    if one_group:  # the main kernel adds the group itself; tickets: one per channel block (TicketCounters)
-        return BackwardLaunches(main, ids, None, None, S, (cdiv(C, cfg.BC), C5 * n_leaves))
+    if one_group:  # the main kernel adds the group itself; tickets: one per channel block (TicketCounters),
+        # in the workspace at the group sums' slot (one group has none)
+        return BackwardLaunches(main, ids, None, S, (cdiv(C, cfg.BC), C5 * n_leaves))
+    # the group kernel adds the groups; tickets: one per column block of its grid, in the workspace after
+    # the nodes (sized for R = 1 leaves: with R >= 2 at least half the leaf slots stay free)
     blk, warps = (16, 1) if INTERPRET else (_GROUP_BLK, 4)
-    group = BWD_GROUP.prepare((n_groups, cdiv(C5, blk), 1), (), (n_nodes, n_leaves, C),
-                              (M, LOG2_TREE_LEAVES - logr, blk), warps)
-    fblk = 16 if INTERPRET else _FINAL_BLK
-    finalize = BWD_FINALIZE.prepare((cdiv(C, fblk), 1, 1), (dw_dtype, dw_dtype), (n_leaves, n_groups, C),
-                                    (b_dtype is not None, fblk, GROUP_BLOCK, LOG2_GROUP_BLOCK), warps)
-    return BackwardLaunches(main, ids, group, finalize, S)
+    n_tickets = cdiv(C5, blk)
+    assert n_nodes * C5 + n_tickets <= n_leaves * C5, "the group kernel's counters need R >= 2"
+    group = BWD_GROUP.prepare((n_groups, n_tickets, 1), (dw_dtype,), (n_nodes, n_leaves, n_groups, C),
+                              (b_dtype is not None, M, LOG2_TREE_LEAVES - logr, blk, GROUP_BLOCK, LOG2_GROUP_BLOCK),
+                              warps)
+    return BackwardLaunches(main, ids, group, S, (n_tickets, n_nodes * C5))
 
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
                     hist_NHC=None, fut_NHC=None, config=None, tickets_in_workspace=False):
-    """Launch the backward kernels (one group: the one-group kernel; else main, group and finalize); writes dx_SC,
+    """Launch the backward kernels (one group: the one-group kernel; else the main and group kernels); writes dx_SC,
     dw_CW and (if given) db_C (dw's dtype).
 
     ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
