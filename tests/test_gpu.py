@@ -147,11 +147,13 @@ def test_gpu_document_bits_do_not_depend_on_where_it_sits(C, cfg):
         assert torch.equal(dx[off:off + L], dx_alone), (off, cfg)
 
 
-def test_gpu_dweight_tree_is_the_documented_order_every_time():
-    """S = 600,000: 74 groups of 8192 rows (the last partial) in two blocks of 64 groups. Under every
-    backward configuration, and for 5 repeated calls of the pick, the group sums, dweight and dbias
-    are the bits of the documented order redone on the host with torch adds from the nodes the
-    backward kernel wrote (a wrong node range, group size or block order changes them)."""
+@pytest.mark.parametrize("cfg", tuning.BWD_CONFIGS, ids=[f"bwd{i}" for i in range(len(tuning.BWD_CONFIGS))])
+def test_gpu_dweight_tree_is_the_documented_order_every_time(cfg):
+    """S = 600,000: 74 groups of 8192 rows (the last partial) in two blocks of 64 groups. Under one
+    backward configuration (a test item each, so that pytest-xdist spreads their compiles), and for
+    4 repeated calls of the pick, the group sums, dweight and dbias are the bits of the documented
+    order redone on the host with torch adds from the nodes the backward kernel wrote (a wrong node
+    range, group size or block order changes them), and dx, dweight and dbias are the pick's bits."""
     S, C = 600000, 256
     cu = _random_docs(S, torch.Generator().manual_seed(17))
     x, w, b, dy = _inputs(S, C, seed=17)
@@ -159,7 +161,7 @@ def test_gpu_dweight_tree_is_the_documented_order_every_time():
     n_leaves, n_groups = -(-S // triton_backward.BWD_SUB), -(-S // 8192)
     pick = tuning.pick_bwd_config(C, 2, False)
     results = []
-    for cfg in list(tuning.BWD_CONFIGS) + [pick] * 4:
+    for cfg in [cfg] + [pick] * 4:
         dx = torch.full_like(x, float("nan"))
         dw = torch.full((C, 4), float("nan"), device=DEV)
         db = torch.full((C,), float("nan"), device=DEV)

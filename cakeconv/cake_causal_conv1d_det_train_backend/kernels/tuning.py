@@ -85,7 +85,6 @@ _FWD_MID = FwdConfig(R=8, SUB=64, BC=128, num_warps=4, stages=4, maxnreg=128)
 _FWD_WIDE = FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3, maxnreg=128)
 _FWD_ODD = FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
-_BWD_SMALL = BwdConfig(R=2, BC=128, num_warps=2, stages=3)
 _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
 
@@ -97,7 +96,8 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
         return FWD_INTERPRET
     if C <= 128:
         # 128-row programs: 256-row ones make 7.4 programs per SM at S = 250,340 (978 of them), so the
-        # SMs holding 8 set the time; 128-row ones make 14.8 (session 20 sweep: 0.750 against 0.680)
+        # SMs holding 8 set the time; 128-row ones make 14.8 (session 20, the benchmark's seed mix: 38.6
+        # -> 36.6 us; the backward's 128-row programs measured slower there, 71.5 -> 77.0 us)
         return _FWD_ODD
     if C <= 512:
         return _FWD_SMALL  # v6: 0.61 of copy bandwidth at C = 128, 0.81 at 512
@@ -115,8 +115,6 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = Fal
         return BWD_INTERPRET
     if C <= 64:
         return _BWD_TINY
-    if C <= 128:
-        return _BWD_SMALL  # 128-row programs, as the forward's (session 20 sweep: 0.554 against 0.499)
     if C >= 1024 or (C >= 512 and not has_bias):
         # v10: 0.85 at C = 1024, 0.79 at 1160, 0.80 at 512 without bias (v9's loop 0.82, 0.76, 0.77; same run)
         return _BWD_BRANCH
