@@ -20,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ncu_profile import mix_cu  # benchmarks/tools/ is on sys.path when run as a script (ncu_profile adds benchmarks/)
-from sweep_configs import HOST_AHEAD_CYCLES, random_cu
+from sweep_configs import HOST_AHEAD_CYCLES, evict_l2, l2_flush_buffer, random_cu
 from bench_cake_causal_conv1d_det import FLOOR_FACTOR, Timer, measure_copy_bandwidth  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch
@@ -37,7 +37,7 @@ def profile_call(fn, flush):
     walls = []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPS):
-            flush.zero_()
+            evict_l2(flush)
             torch.cuda._sleep(HOST_AHEAD_CYCLES)
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
@@ -60,7 +60,7 @@ def main():
     ap.add_argument("--doc-mix", default=None, help="benchmark mixes, comma-separated (default: the sweep's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush_buffer()
     dev = torch.device("cuda")  # the benchmark's copy measurement (its default 2 GiB, L2 flushed), so the fractions compare
     copy_gbs, _ = measure_copy_bandwidth(torch, dev, Timer(dev, flush=True, host_ahead_us=0), 2 * 2**30, 10)
     print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)

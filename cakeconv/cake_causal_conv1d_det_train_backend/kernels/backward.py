@@ -463,8 +463,8 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
         dw[c, k] = pairwise tree over nodes i = 0..M-1 of ws[i, k, c]   (missing nodes read as 0;
         db[c]    = the same with k = 4)                                  M = TREE_LEAVES / R),
 
-    the documented order of one group: the finalize's tree over one group would add only +0.0
-    terms, and a sum that starts from +0.0, as every node's does, is never -0.0 (in
+    the documented order of one group: step 3 over one group would add only +0.0 terms to it
+    (and 0 + the block sum), and a sum that starts from +0.0, as every node's does, is never -0.0 (in
     round-to-nearest, x + y = -0.0 needs both -0.0), so it would return the group sum unchanged.
     The ticket decides which program adds, never the order of the additions. It writes them in
     dw's / db's dtype and sets its counter back to 0 for the next launch on the stream (launch.py
