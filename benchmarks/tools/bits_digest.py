@@ -12,6 +12,7 @@ configuration gives the same bits is tests/test_gpu.py's test_gpu_every_config_g
     python benchmarks/tools/bits_digest.py --out digests.txt              # GPU
     TRITON_INTERPRET=1 python benchmarks/tools/bits_digest.py --small     # CPU interpreter, small shapes
     python benchmarks/tools/bits_digest.py --shard 1/3                    # every third case, from the second
+    python benchmarks/tools/bits_digest.py --compare main.lines v20_*.log  # a version's lines against a reference's
 
 Shards print their lines in case order; sorting the lines of all shards gives one comparable list.
 
@@ -83,13 +84,40 @@ def run_case(case, device):
     return lines
 
 
+def _digest_table(path):
+    """{case: "digests"} of the lines in a digest log (comment lines skipped)."""
+    with open(path) as f:
+        return dict(line.rstrip("\n").split(": y ", 1) for line in f if ": y " in line and not line.startswith("#"))
+
+
+def compare(reference, logs, name):
+    """Print how many cases of ``logs`` (one version's shards) have the reference's digests; each
+    that differs is named with both. Returns the number that differ."""
+    ref = _digest_table(reference)
+    mine = {}
+    for path in logs:
+        mine.update(_digest_table(path))
+    differ = [k for k in mine if k in ref and mine[k] != ref[k]]
+    print(f"bits: {len(mine)} {name} cases, {len([k for k in mine if k in ref]) - len(differ)} equal to the reference, "
+          f"{len(differ)} differ, {len([k for k in mine if k not in ref])} without a reference digest")
+    for k in differ:
+        print("  DIFFER", k, "\n    reference", ref[k], f"\n    {name}", mine[k])
+    return len(differ)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="small shapes (the CPU interpreter)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--shard", default="0/1", metavar="I/N",
                     help="run only the cases whose index is I modulo N (N processes in parallel compile N times faster)")
+    ap.add_argument("--compare", nargs="+", metavar=("REFERENCE", "LOG"), default=None,
+                    help="compare digest logs (one version's shards) with a reference's lines instead of running")
+    ap.add_argument("--name", default="version", help="with --compare: the version's name in the report")
     args = ap.parse_args()
+    if args.compare:
+        compare(args.compare[0], args.compare[1:], args.name)
+        return 0
     shard, n_shards = (int(v) for v in args.shard.split("/"))
     if not 0 <= shard < n_shards:
         raise ValueError(f"--shard {args.shard}: need 0 <= I < N")

@@ -27,21 +27,7 @@ MIXES=${MIXES:-seed,uniform:1-8,uniform:1-1024} MIX_ROWS=${MIX_ROWS:-250340x128,
 say "mixab: rc $?"
 wait
 head -qn1 "$OUT"/bits/"${NAME}"_*.log
-python3 - "$OUT/bits" "$NAME" <<'PY'
-import glob, sys
-d, name = sys.argv[1], sys.argv[2]
-def table(lines):
-    return dict(l.rstrip("\n").split(": y ", 1) for l in lines if ": y " in l and not l.startswith("#"))
-ref = table(open(f"{d}/reference.lines"))
-v = {}
-for f in sorted(glob.glob(f"{d}/{name}_*.log")):
-    v.update(table(open(f)))
-differ = [k for k in v if k in ref and v[k] != ref[k]]
-print(f"bits: {len(v)} {name} cases, {len([k for k in v if k in ref]) - len(differ)} equal to the reference, "
-      f"{len(differ)} differ, {len([k for k in v if k not in ref])} without a reference digest")
-for k in differ:
-    print("  DIFFER", k, "\n    reference", ref[k], f"\n    {name}", v[k])
-PY
+python3 benchmarks/tools/bits_digest.py --compare "$OUT/bits/reference.lines" "$OUT"/bits/"${NAME}"_*.log --name "$NAME"
 tar -czf "$OUT/bits.tgz" -C "$OUT" bits && rm -rf "$OUT/bits"
 [ "${VARIANT_TESTS:-1}" = 0 ] && { rm -f "$OUT/env.txt"; sed -n '/^== /,$p' "$OUT/mixab.txt" | grep -v "^ *$" | tail -40; exit 0; }
 patch -p1 -s < "$PATCH" && say "tree patched to $NAME"

@@ -53,22 +53,9 @@ for v in main v20b this; do  # mixab's own warm-up, here, so that its timed roun
 done
 wait
 say "digests and warm-ups done"
-python3 - "$OUT/bits" <<'PY'
-import glob, sys
-d = sys.argv[1]
-def table(lines):
-    return dict(l.rstrip("\n").split(": y ", 1) for l in lines if ": y " in l and not l.startswith("#"))
-ref = table(open(f"{d}/reference.lines"))
-for name in ("v20", "v20b"):
-    v = {}
-    for f in sorted(glob.glob(f"{d}/{name}_*.log")):
-        v.update(table(open(f)))
-    differ = [k for k in v if k in ref and v[k] != ref[k]]
-    print(f"bits: {len(v)} {name} cases, {len([k for k in v if k in ref]) - len(differ)} equal to main's, "
-          f"{len(differ)} differ, {len([k for k in v if k not in ref])} without a reference digest")
-    for k in differ:
-        print("  DIFFER", k, "\n    main", ref[k], f"\n    {name}", v[k])
-PY
+for v in v20 v20b; do  # (it ran at 20272ec with this comparison inline, the same code as bits_digest.compare)
+  python3 benchmarks/tools/bits_digest.py --compare "$OUT/bits/reference.lines" "$OUT"/bits/${v}_*.log --name $v
+done
 tar -czf "$OUT/bits.tgz" -C "$OUT" bits && rm -rf "$OUT/bits"
 timeout 200 bash benchmarks/device_run.sh mixab > "$OUT/mixab.txt" 2>&1
 say "mixab: rc $?"
