@@ -370,8 +370,9 @@ class TicketCounters:
       a launch on another stream may run at the same time and has its own buffer.
     - ``in_workspace`` (the custom ops, i.e. under torch.compile) or capturing a CUDA graph: the
       counters are ws_F[at : at + n] (slots the call does not use: one group's group-sum slot, or
-      the leaf slots after the nodes), zeroed by a memset first (captured with the kernel). Nothing is allocated, and a graph shares its
-      counters with no eager launch and no other graph, whatever streams they are replayed on.
+      the leaf slots after the nodes), zeroed by a memset first (captured with the kernel). Nothing
+      is allocated, and a graph shares its counters with no eager launch and no other graph,
+      whatever streams they are replayed on.
       torch.compile's CUDA-graph mode (``mode="reduce-overhead"``) runs its warm-up with every
       allocation routed to the graph's memory pool, where a buffer kept across calls must not live.
     """
