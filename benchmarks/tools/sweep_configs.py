@@ -128,7 +128,8 @@ def main():
     S = args.S
     for C in [int(c) for c in args.C.split(",")]:
         if args.doc_mix:
-            from ncu_profile import mix_cu  # benchmarks/tools/ is on sys.path when run as a script
+            # here, not at the top: ncu_profile imports this module (benchmarks/tools/ is on sys.path as a script)
+            from ncu_profile import mix_cu
             cu = mix_cu(S, args.doc_mix, seed=C)
         else:
             cu = random_cu(S, C, args.mean_doc)
