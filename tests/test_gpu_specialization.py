@@ -13,6 +13,8 @@ another value. Ranks of several ranks (one local segment) run in the multi-GPU t
 from __future__ import annotations
 
 import collections
+import json
+import os
 
 import pytest
 import torch
@@ -26,6 +28,11 @@ from tests.helpers import TOLERANCES, rel_err
 pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_specialization")]
 DEV = "cuda"
 SEEN = collections.defaultdict(set)
+# Optional: a folder where each process also writes what it recorded (one JSON file per process), so the
+# cases can run in parallel workers and the coverage check afterwards in a process of its own:
+#   CAKECONV_SPEC_SEEN_DIR=D pytest -n 8 -k "not every_integer" tests/test_gpu_specialization.py
+#   CAKECONV_SPEC_SEEN_DIR=D pytest tests/test_gpu_specialization.py::test_zz_every_integer_argument_took_1_16k_and_other
+SEEN_DIR = os.environ.get("CAKECONV_SPEC_SEEN_DIR")
 
 
 def _record(launches):
@@ -33,6 +40,21 @@ def _record(launches):
         for p, a in zip(r.kernel.fn.params, r.args):
             if not p.is_constexpr and type(a) is int:
                 SEEN[(r.kernel.name, p.name)].add(a)
+    if SEEN_DIR:
+        os.makedirs(SEEN_DIR, exist_ok=True)
+        rows = [[kernel, arg, sorted(values)] for (kernel, arg), values in SEEN.items()]
+        with open(os.path.join(SEEN_DIR, f"seen_{os.getpid()}.json"), "w") as f:
+            json.dump(rows, f)
+
+
+def _seen_everywhere():
+    """What this process recorded, and what the files of SEEN_DIR hold (other processes' records)."""
+    seen = collections.defaultdict(set, {k: set(v) for k, v in SEEN.items()})
+    for name in sorted(os.listdir(SEEN_DIR)) if SEEN_DIR and os.path.isdir(SEEN_DIR) else []:
+        with open(os.path.join(SEEN_DIR, name)) as f:
+            for kernel, arg, values in json.load(f):
+                seen[(kernel, arg)].update(values)
+    return seen
 
 
 @pytest.mark.parametrize("name", list(launch_cases.SINGLE_CASES))
@@ -74,20 +96,22 @@ def test_kcp_case_is_bitwise_the_single_rank_op(name):
 
 
 def test_zz_every_integer_argument_took_1_16k_and_other():
-    """Runs last (name order within the module): what the cases above launched on the GPU."""
-    if not SEEN:
-        pytest.skip("run with the cases of this module")
+    """Runs last (name order within the module): what the cases above launched on the GPU, in this
+    process or (CAKECONV_SPEC_SEEN_DIR) in the processes that wrote their records there."""
+    seen = _seen_everywhere()
+    if not seen:
+        pytest.skip("run with the cases of this module, or with CAKECONV_SPEC_SEEN_DIR after them")
     # S = 1 and n_seg = 1 in the row kernels need a rank of several: the multi-GPU tier's
     needs_ranks = {("cake_conv_fwd_rows_kernel", "S"), ("cake_conv_fwd_rows_kernel", "n_seg"),
                    ("cake_conv_bwd_head_kernel", "S"), ("cake_conv_bwd_head_kernel", "n_seg"),
                    ("cake_conv_bwd_dx_rows_kernel", "S"), ("cake_conv_bwd_dx_rows_kernel", "n_seg"),
                    ("cake_halo_gather_kernel", "n_rows")}
     missing = []
-    for (kernel, arg), values in sorted(SEEN.items()):
+    for (kernel, arg), values in sorted(seen.items()):
         need = {"16k": any(v % 16 == 0 and v > 0 for v in values), "other": any(v != 1 and v % 16 for v in values)}
         if not launch_cases.cannot_be_one(kernel, arg) and (kernel, arg) not in needs_ranks:
             need["1"] = 1 in values
         if not all(need.values()):
             missing.append(f"{kernel}.{arg}: {sorted(values)[:12]}")
     assert not missing, missing
-    assert {k for k, _ in SEEN} == {k.name for k in launch.KERNELS}
+    assert {k for k, _ in seen} == {k.name for k in launch.KERNELS}
