@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_specialization")]
 DEV = "cuda"
 SEEN = collections.defaultdict(set)
 # Optional: a folder where each process also writes what it recorded (one JSON file per process), so the
-# cases can run in parallel workers and the coverage check afterwards in a process of its own:
+# cases can run in parallel workers and the coverage check afterwards in a process of its own (D empty or absent
+# at the start: the check reads every file in it):
 #   CAKECONV_SPEC_SEEN_DIR=D pytest -n 8 -k "not every_integer" tests/test_gpu_specialization.py
 #   CAKECONV_SPEC_SEEN_DIR=D pytest tests/test_gpu_specialization.py::test_zz_every_integer_argument_took_1_16k_and_other
 SEEN_DIR = os.environ.get("CAKECONV_SPEC_SEEN_DIR")

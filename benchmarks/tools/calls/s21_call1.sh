@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 21, call 1 (one H200, carry .variants). Issue 17.
 # This tree = main + one more backward configuration in BWD_CONFIGS (R=2, BC=128, 2 warps, 3 stages, 128 registers;
-#   the picks unchanged), so the GPU tests below cover it.
+#   the picks unchanged; not committed: main dropped it after this call), so the GPU tests below cover it.
 # .variants/v21a = this tree, the forward at C <= 256 with 128-row programs (R=4 SUB=32; main: C <= 128)
 # .variants/v21b = v21a, and the backward at 64 < C <= 256 with the new configuration (128-row programs, 2 warps)
 # Step 1: mixab, two alternating rounds, seed and uniform 1-8 at C = 128, 256, no bias, fwd / bwd / fwd+bwd.

@@ -2,9 +2,9 @@
 # Session 21, call 3 (one H200): the specialization file on this tree (main; the kernels of calls 1-2), its cases in
 # 12 parallel workers (CASES_S seconds, 165 as run), each writing what its launches recorded to
 # CAKECONV_SPEC_SEEN_DIR; then the coverage check (every integer argument of every kernel took 1, a multiple of 16
-# and another value) in a process of its own, over
-# those records, on a cold machine (no Triton cache). Calls 1 and 2 ran the 24 cases among the other GPU tests (all
-# passed), but the serial run that feeds the coverage check was cut at its limit (10 of 25 cases).
+# and another value) in a process of its own, over those records, on a cold machine (no Triton cache). Calls 1 and 2
+# ran the 24 cases among the other GPU tests (all passed), but the serial run that feeds the coverage check was cut
+# at its limit (10 of 25 cases).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD CAKECONV_SPEC_SEEN_DIR=/tmp/spec_seen_$$
 T0=$(date +%s)
