@@ -443,6 +443,24 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     tl.store(base + 4 * C, pairwise_sum_rows(accb, R, BC, LOGR), mask=cmask)
 
 
+@triton.jit
+def is_last_ticket(ticket_ptr, i, n):
+    """Draw a ticket of counter i (an int32 that is 0 when the launch starts) after this program's
+    stores; true in the one program of the n sharing the counter that draws the last (n - 1), and
+    which then sees every store the other n - 1 made before drawing theirs: the threads meet at a
+    barrier after their stores, and the ticket is an acquire-release atomic at GPU scope (the last
+    program must read what they wrote with ``.cg`` loads, from L2, not a stale L1 line)."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + i, 1, sem="acq_rel", scope="gpu")
+    return ticket == n - 1
+
+
+@triton.jit
+def reset_ticket(ticket_ptr, i):
+    """Set counter i back to 0 for the next launch on the stream (the last program, when done)."""
+    tl.atomic_xchg(ticket_ptr + i, 0, sem="relaxed", scope="gpu")
+
+
 @triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len"])
 def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
                                    dw_ptr, db_ptr, ticket_ptr,
@@ -471,10 +489,8 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
     keeps the counters per device and stream; a CUDA graph and the custom ops take theirs from the
     workspace, zeroed by a memset).
 
-    Ordering: each program's threads meet at a barrier after their node stores, and the ticket is
-    an acquire-release atomic at GPU scope, so the last program's loads (``.cg``: from L2, not a
-    stale L1 line) see every node. EPI_BC: channels added per step of the last program (bounds its
-    [M, EPI_BC] registers).
+    Ordering: ``is_last_ticket`` (the last program's ``.cg`` loads see every node). EPI_BC:
+    channels added per step of the last program (bounds its [M, EPI_BC] registers).
     """
     cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr, S, C8, n_seg, seq_len,
                          SX8, SDY8, SDX8, HAS_BIAS, HAS_CU, HAS_HIST, HAS_FUT, R, LOGR, SUB, BC, STAGES, STEP_BRANCH)
@@ -482,9 +498,7 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
     n_cblk = tl.cdiv(C, BC)
     pid_c = tl.program_id(0) % n_cblk
     n_nodes = tl.cdiv(S, R * SUB)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(ticket_ptr + pid_c, 1, sem="acq_rel", scope="gpu")
-    if ticket == n_nodes - 1:
+    if is_last_ticket(ticket_ptr, pid_c, n_nodes):
         nodes = tl.arange(0, M)
         node_off = nodes.to(tl.int64)[:, None] * 5 * C
         nmask = (nodes < n_nodes)[:, None]
@@ -500,7 +514,7 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
                 v = tl.load(ws_ptr + node_off + 4 * C + cols[None, :], mask=nmask & cm[None, :], other=0.0,
                             cache_modifier=".cg")
                 tl.store(db_ptr + cols, pairwise_sum_rows(v, M, EPI_BC, LOGM).to(db_ptr.dtype.element_ty), mask=cm)
-        tl.atomic_xchg(ticket_ptr + pid_c, 0, sem="relaxed", scope="gpu")
+        reset_ticket(ticket_ptr, pid_c)
 
 
 @triton.jit(do_not_specialize=["n_nodes", "n_leaves", "n_groups", "C"])
@@ -525,8 +539,8 @@ def cake_conv_bwd_group_kernel(ws_ptr, dw_ptr, db_ptr, ticket_ptr, n_nodes, n_le
 
     in dw's / db's dtype, and sets its counter back to 0 for the next launch on the stream (the
     counters: launch.py, ``TicketCounters``). The ticket decides which program adds, never the order
-    of the additions. Ordering: a barrier after each program's stores and an acquire-release ticket
-    at GPU scope, so the last program's loads (``.cg``: from L2) see every group sum.
+    of the additions. Ordering: ``is_last_ticket`` (the last program's ``.cg`` loads see every
+    group sum).
 
     Launched as a programmatic dependent of the main kernel (its launch overlaps the main kernel's
     last programs): it waits for the main kernel's results (``gdc_wait``) before reading anything.
@@ -545,9 +559,7 @@ def cake_conv_bwd_group_kernel(ws_ptr, dw_ptr, db_ptr, ticket_ptr, n_nodes, n_le
     gsum = pairwise_sum_rows(v, M, BLK, LOGM)
     gs_ptr = ws_ptr + tl.cast(C, tl.int64) * 5 * n_leaves  # (tl.cast: either may be a compile-time 1)
     tl.store(gs_ptr + g.to(tl.int64) * C5 + cols, gsum, mask=cm)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(ticket_ptr + pj, 1, sem="acq_rel", scope="gpu")
-    if ticket == n_groups - 1:
+    if is_last_ticket(ticket_ptr, pj, n_groups):
         total = tl.zeros([BLK], dtype=tl.float32)
         blk0 = 0 * n_groups
         while blk0 < n_groups:  # a while loop: the CPU interpreter cannot range() over a tensor
@@ -561,7 +573,7 @@ def cake_conv_bwd_group_kernel(ws_ptr, dw_ptr, db_ptr, ticket_ptr, n_nodes, n_le
         tl.store(dw_ptr + c * 4 + k, total.to(dw_ptr.dtype.element_ty), mask=cm & (k < 4))
         if HAS_BIAS:
             tl.store(db_ptr + c, total.to(db_ptr.dtype.element_ty), mask=cm & (k == 4))
-        tl.atomic_xchg(ticket_ptr + pj, 0, sem="relaxed", scope="gpu")
+        reset_ticket(ticket_ptr, pj)
 
 
 @triton.jit(do_not_specialize=["n_rows", "S", "C8", "n_seg"])
