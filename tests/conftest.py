@@ -15,9 +15,9 @@ import os
 import pytest
 import torch
 
-# Tier 4 under pytest-xdist on a machine of several GPUs (benchmarks/device_run.sh gputestsx sets
+# Tier 4 under pytest-xdist on a machine of several GPUs (benchmarks/device_run.sh gputests sets
 # CAKECONV_TEST_GPUS): worker gwK sees only GPU K mod n. Six workers on one GPU of two ran it out of
-# memory (session 9). Set before anything initialises CUDA (importing torch does not).
+# memory. Set before anything initialises CUDA (importing torch does not).
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 _n_gpus = int(os.environ.get("CAKECONV_TEST_GPUS", "0") or 0)
 if _worker.startswith("gw") and _n_gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
@@ -43,8 +43,8 @@ def _interpreted_kernels_stay_in_bounds():
 def _gpu_memory_returned_after_each_test(request):
     """Tier 4 runs several pytest workers on one GPU: after a GPU test its worker gives the blocks
     its caching allocator holds back to the driver, so the next large test of another worker finds
-    them (session 16: one worker's cache of a finished 262,144 x 8,192 test and the others' live
-    tensors filled the 140 GiB, and four tests failed out of memory)."""
+    them (without this, one worker's cache of a finished 262,144 x 8,192 test and the others' live
+    tensors filled the 140 GiB, and four tests failed out of memory on an H200)."""
     yield
     if "gpu" in request.keywords and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -46,7 +46,7 @@ def _reference_by_channel_blocks(x, w, b, dy, cu, block=1024):
 
     The conv is depthwise, so each block is the same problem on its channels. Whole, the reference
     holds about 13 FP32 temporaries of x's size: 112 GiB at S = 262,144, C = 8,192, which ran the
-    other test workers on the GPU out of memory (session 16); by blocks, 1/8 of that.
+    other test workers on the GPU out of memory; by blocks, 1/8 of that.
     """
     outs = []
     for c0 in range(0, x.shape[1], block):

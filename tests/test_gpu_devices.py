@@ -3,7 +3,7 @@
 Triton launches on the current device; the op makes the operands' GPU current for its launches
 (conv.py, ``_on_device``), on the plan's fast path and the general path alike. Run without xdist's
 one-GPU-per-worker split, e.g. ``python -m pytest -m gpu tests/test_gpu_devices.py`` on the 2-GPU
-machine (benchmarks/tools/calls/s11_call2.sh).
+machine.
 """
 
 import pytest

@@ -2,7 +2,8 @@
 
 With one rank, zigzag's back part follows its own front part (the self-halo) and every explicit
 fragment table of several fragments exercises the local copies of the exchange; what only a
-machine with several GPUs can show (point-to-point over NCCL between GPUs) is issue 7's.
+machine with several GPUs can show (point-to-point over NCCL between GPUs) is the multi-GPU tier's
+(tests/multigpu/).
 """
 
 import datetime

@@ -96,16 +96,16 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
         return FWD_INTERPRET
     if C <= 128:
         # 128-row programs: 256-row ones make 7.4 programs per SM at S = 250,340 (978 of them), so the
-        # SMs holding 8 set the time; 128-row ones make 14.8 (session 20, the benchmark's seed mix: 38.6
-        # -> 36.6 us; the backward's 128-row programs measured slower there, 71.5 -> 77.0 us)
+        # SMs holding 8 set the time; 128-row ones make 14.8 (the benchmark's seed mix: 38.6 -> 36.6 us;
+        # the backward's 128-row programs measured slower there, 71.5 -> 77.0 us)
         return _FWD_ODD
     if C <= 512:
-        return _FWD_SMALL  # v6: 0.61 of copy bandwidth at C = 128, 0.81 at 512
+        return _FWD_SMALL  # 0.81 of copy bandwidth at C = 512 (kernel alone)
     if C >= 4096 and C % 1024 == 0:
-        return _FWD_WIDE  # v6: 0.92 at C = 8192
+        return _FWD_WIDE  # 0.92 at C = 8192 (kernel alone)
     if C % 128 != 0:
-        return _FWD_ODD  # v7: 0.86 at C = 1160, where _FWD_MID reached 0.64-0.65 (same run)
-    return _FWD_MID  # v6: 0.88 at C = 2048 (128-channel blocks: no idle lanes at any C % 128)
+        return _FWD_ODD  # 0.86 at C = 1160, where _FWD_MID reached 0.64-0.65 (same run)
+    return _FWD_MID  # 0.88 at C = 2048 (128-channel blocks: no idle lanes at any C % 128)
 
 
 def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = False) -> BwdConfig:
@@ -116,9 +116,10 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = Fal
     if C <= 64:
         return _BWD_TINY
     if C >= 1024 or (C >= 512 and not has_bias):
-        # v10: 0.85 at C = 1024, 0.79 at 1160, 0.80 at 512 without bias (v9's loop 0.82, 0.76, 0.77; same run)
+        # the unmasked body away from boundaries: 0.85 at C = 1024, 0.79 at 1160, 0.80 at 512 without
+        # bias (the masked loop everywhere: 0.82, 0.76, 0.77; same run)
         return _BWD_BRANCH
-    return _BWD  # v6: 0.50 at C = 128, 0.72 at 512; v10's step branch: slower at 128 and at 512 with bias (0.82 -> 0.79)
+    return _BWD  # the unmasked-body branch is slower here: at C = 128, and at 512 with bias (0.82 -> 0.79)
 
 
 def cdiv(a: int, b: int) -> int:
