@@ -1,16 +1,16 @@
-"""Draw docs/benchmarks.png from the measured rows in benchmarks/results/ (the benchmark's own plot).
+"""Draw docs/benchmarks.png from a document-mix run of the single-GPU benchmark.
 
-Run:  python docs/draw_benchmarks.py [RESULTS]     (needs matplotlib)
+Run:  python docs/draw_benchmarks.py [RESULTS]      (needs matplotlib: pip install -e ".[bench]")
 
-RESULTS is a JSON-lines file written by benchmarks/bench_cake_causal_conv1d_det.py or a progress
-log of it (the stderr lines ``[i/n] S=.. C=.. bias=..: ... ours:fwd=0.172ms ...``, used when a run
-was cut before it wrote its JSON lines). Default: the newest ``bench_cake_causal_conv1d_det*.jsonl``
-under benchmarks/results/ with timing rows, else the newest ``*bench*progress*.log``.
+RESULTS is the JSON-lines file that ``benchmarks/bench_cake_causal_conv1d_det.py`` writes; default
+``benchmarks/results/h200_mixes.jsonl`` (``bash benchmarks/device_run.sh daobuild mixes``). Only its
+GPU-time rows without bias are drawn, as fractions of the copy bandwidth of the same run
+(benchmarks/README.md, Protocol):
 
-From a log, each time is turned into the benchmark's own measure (benchmarks/README.md):
-``fraction = floor bytes / time / copy bandwidth`` with floor bytes 4*S*C (fwd), 6*S*C (bwd) and
-10*S*C (fwd+bwd) for bf16 x, and the copy bandwidth printed at the start of the run. The plot is
-drawn by ``bench_cake_causal_conv1d_det.plot`` so it looks like the benchmark's own PNG.
+- top row: cakeconv's forward and forward+backward against C, one line per document mix;
+- bottom row: at one C (``--bar-c``, default 512), cakeconv beside each peer in the file
+  (flash-linear-attention, Dao's causal-conv1d), one group of bars per mix. A peer that has no row
+  for a mix (it failed its correctness check there) is marked "fails".
 """
 
 from __future__ import annotations
@@ -18,87 +18,116 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
-import shutil
 import sys
-import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "h200_mixes.jsonl"
 OUT_PATH = REPO / "docs" / "benchmarks.png"
-FLOOR_BYTES_PER_SC = {"fwd": 4, "bwd": 6, "fwdbwd": 10}
-PASS_NAMES = {"fwd": "fwd", "bwd": "bwd", "fwd+bwd": "fwdbwd"}
+PASSES = (("fwd", "forward"), ("fwdbwd", "forward + backward"))
+MIX_ORDER = ("seed", "uniform:1-1024", "uniform:1-64", "uniform:1-8", "ones")
+MIX_LABEL = {"seed": "seed mix", "uniform:1-1024": "uniform 1-1,024", "uniform:1-64": "uniform 1-64",
+             "uniform:1-8": "uniform 1-8", "ones": "every document 1 token"}
+PROVIDER_LABEL = {"ours": "cakeconv", "fla": "flash-linear-attention", "dao": "Dao causal-conv1d"}
+PROVIDER_COLOR = {"ours": "tab:blue", "fla": "tab:orange", "dao": "tab:green"}
+MARKERS = ("o", "s", "^", "v", "D")  # one per mix: mixes with equal figures stay visible
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_cake_causal_conv1d_det as bench  # noqa: E402
 
-
-def load_jsonl(path: pathlib.Path):
-    env, rows = {}, []
+def load_rows(path: pathlib.Path):
+    """(env record, GPU-time rows without bias) of a benchmark's JSON-lines file."""
+    env, rows = None, []
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
         record = json.loads(line)
         if record.get("kind") == "env":
             env = record
-        elif record.get("kind") == "timing":
+        elif record.get("kind") == "timing" and record.get("method", "gpu") == "gpu" and not record["bias"]:
             rows.append(record)
+    if env is None or not rows:
+        raise SystemExit(f"{path}: no env line or no GPU-time rows without bias")
     return env, rows
 
 
-def load_progress_log(path: pathlib.Path):
-    """Timing rows from a progress log (the per-shape stderr lines) and its environment line."""
-    text = path.read_text()
-    copy = re.search(r"copy bandwidth \(start\): (\d+(?:\.\d+)?) GB/s", text)
-    if copy is None:
-        raise SystemExit(f"{path}: no 'copy bandwidth (start)' line")
-    copy_gbs = float(copy.group(1))
-    gpu = re.search(r"^(NVIDIA [^\n]*?)\s{2}torch", text, re.M)
-    date = re.search(r"(\d{4}-\d{2}-\d{2})", path.name)
-    env = {"gpu": gpu.group(1) if gpu else "GPU", "copy_gbs": copy_gbs, "date": date.group(1) if date else "?"}
-    rows = []
-    shape_line = re.compile(r"^\[\d+/\d+\] S=(\d+) C=(\d+) bias=(yes|no): \d+ sets.*$", re.M)
-    timing = re.compile(r"(\w+):(fwd\+bwd|fwd|bwd)=([\d.]+)ms")
-    for match in shape_line.finditer(text):
-        S, C, bias = int(match.group(1)), int(match.group(2)), match.group(3) == "yes"
-        for provider, pass_label, ms in timing.findall(match.group(0)):
-            pass_name = PASS_NAMES[pass_label]
-            gbs = FLOOR_BYTES_PER_SC[pass_name] * S * C / (float(ms) * 1e-3) / 1e9
-            rows.append({"S": S, "C": C, "bias": bias, "provider": provider, "pass": pass_name,
-                         "ms": float(ms), "gbs": gbs, "fraction": gbs / copy_gbs})
-    if not rows:
-        raise SystemExit(f"{path}: no timing lines")
-    return env, rows
+def fraction(rows, provider, mix, C, pass_name):
+    """The row's fraction of the copy bandwidth, or None when the run has no such row."""
+    for r in rows:
+        if (r["provider"], r.get("mix", "seed"), r["C"], r["pass"]) == (provider, mix, C, pass_name):
+            return r["fraction"]
+    return None
 
 
-def default_source() -> pathlib.Path:
-    jsonls = sorted(RESULTS.glob("**/bench_cake_causal_conv1d_det*.jsonl"), key=lambda p: p.stat().st_mtime)
-    for path in reversed(jsonls):
-        if load_jsonl(path)[1]:
-            return path
-    logs = sorted(RESULTS.glob("*bench*progress*.log"), key=lambda p: p.stat().st_mtime)
-    if not logs:
-        raise SystemExit(f"no benchmark results under {RESULTS}")
-    return logs[-1]
+def draw_ours_against_c(ax, rows, mixes, pass_name, title):
+    """cakeconv's fraction against C, one line per mix."""
+    cs = sorted({r["C"] for r in rows if r["provider"] == "ours"})
+    for i, mix in enumerate(mixes):
+        points = [(C, fraction(rows, "ours", mix, C, pass_name)) for C in cs]
+        points = [(C, f) for C, f in points if f is not None]
+        ax.plot([C for C, _ in points], [f for _, f in points], marker=MARKERS[i % len(MARKERS)], ms=5,
+                fillstyle="none", label=MIX_LABEL.get(mix, mix))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cs)
+    ax.set_xticklabels([str(C) for C in cs])
+    ax.minorticks_off()
+    ax.set_xlabel("C (channels)")
+    ax.set_ylabel("fraction of copy bandwidth")
+    ax.set_ylim(0.5, 1.0)
+    ax.set_title(f"cakeconv, {title}", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def draw_peers_at_c(ax, rows, mixes, providers, C, pass_name, title):
+    """One group of bars per mix at C: each provider's fraction, "fails" where it has no row."""
+    width = 0.8 / len(providers)
+    for k, provider in enumerate(providers):
+        offset = (k - (len(providers) - 1) / 2) * width
+        for i, mix in enumerate(mixes):
+            f = fraction(rows, provider, mix, C, pass_name)
+            x = i + offset
+            if f is None:
+                ax.text(x, 0.02, "fails", rotation=90, ha="center", va="bottom", fontsize=7)
+                continue
+            ax.bar(x, f, width, color=PROVIDER_COLOR.get(provider),
+                   label=PROVIDER_LABEL.get(provider, provider) if i == 0 else None)
+            ax.text(x, f + 0.01, f"{f:.2f}", ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(mixes)))
+    ax.set_xticklabels([MIX_LABEL.get(m, m) for m in mixes], fontsize=7, rotation=15)
+    ax.set_ylabel("fraction of copy bandwidth")
+    ax.set_ylim(0, 1.15)
+    ax.set_title(f"{title} at C = {C}", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", ncol=len(providers))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="?", type=pathlib.Path, default=None)
+    parser.add_argument("results", nargs="?", type=pathlib.Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--bar-c", type=int, default=512, help="C of the bottom row's bars")
+    parser.add_argument("--out", type=pathlib.Path, default=OUT_PATH)
     args = parser.parse_args()
-    source = args.results.resolve() if args.results else default_source()
-    env, rows = load_jsonl(source) if source.suffix == ".jsonl" else load_progress_log(source)
-    counts = {}
-    for row in rows:
-        counts[row["S"]] = counts.get(row["S"], 0) + 1
-    sweep_s = bench.SWEEP_S if bench.SWEEP_S in counts else max(counts, key=counts.get)
-    notes = []
-    with tempfile.TemporaryDirectory() as tmp_dir:
-        png = bench.plot(rows, sweep_s, env, tmp_dir, notes)
-        if png is None:
-            raise SystemExit("; ".join(notes))
-        shutil.copyfile(png, OUT_PATH)
-    print(f"wrote {OUT_PATH} from {source.relative_to(REPO)} ({len(rows)} timing rows, S = {sweep_s})")
+    env, rows = load_rows(args.results)
+    found = {r.get("mix", "seed") for r in rows}
+    mixes = [m for m in MIX_ORDER if m in found] + sorted(found - set(MIX_ORDER))
+    providers = [p for p in ("ours", "fla", "dao") if any(r["provider"] == p for r in rows)]
+    if not any(r["C"] == args.bar_c for r in rows):
+        raise SystemExit(f"{args.results}: no rows at C = {args.bar_c} (--bar-c)")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11.0, 8.0))
+    for j, (pass_name, title) in enumerate(PASSES):
+        draw_ours_against_c(axes[0][j], rows, mixes, pass_name, title)
+        draw_peers_at_c(axes[1][j], rows, mixes, providers, args.bar_c, pass_name, title)
+    S = sorted({r["S"] for r in rows})
+    fig.suptitle(f"{env['gpu']}, S = {', '.join(f'{s:,}' for s in S)}, bf16, no bias; GPU time as a fraction of "
+                 f"the copy bandwidth ({env['copy_gbs']:.0f} GB/s, same run)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(args.out, dpi=100)
+    plt.close(fig)
+    print(f"wrote {args.out} from {args.results} ({len(rows)} rows, mixes {', '.join(mixes)})")
     return 0
 
 
