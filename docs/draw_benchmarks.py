@@ -34,6 +34,8 @@ MARKERS = ("o", "s", "^", "v", "D")  # one per mix: mixes with equal figures sta
 
 def load_rows(path: pathlib.Path):
     """(env record, GPU-time rows without bias) of a benchmark's JSON-lines file."""
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file (the results of bash benchmarks/device_run.sh daobuild mixes)")
     env, rows = None, []
     for line in path.read_text().splitlines():
         if not line.strip():
