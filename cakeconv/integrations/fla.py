@@ -1,8 +1,8 @@
-"""flash-linear-attention's ``ShortConvolution`` on cakeconv's deterministic op, in one call.
+"""flash-linear-attention's short convolution on cakeconv's deterministic op: module and function.
 
 flash-linear-attention (``fla``, 0.6.0) builds the short convolutions of its layers (GatedDeltaNet,
-KDA, DeltaNet, ...) from ``fla.modules.ShortConvolution``, an ``nn.Conv1d`` subclass. This module
-gives
+KDA, DeltaNet, ...) from ``fla.modules.ShortConvolution``, an ``nn.Conv1d`` subclass, whose forward
+calls the function ``fla.modules.causal_conv1d.causal_conv1d``. This module gives
 
 - ``swap_short_convolutions(model)``: turns every ``ShortConvolution`` of a model into a
   ``CakeShortConvolution`` in place (the same module objects, so the parameters, their device,
@@ -12,40 +12,58 @@ gives
   arguments (plus the keyword ``cake_backend``), the same parameters and state-dict keys
   (``weight`` ``[D, 1, W]``, ``bias`` ``[D]`` or none) and the same
   ``forward(x, residual=None, mask=None, cache=None, output_final_state=False, cu_seqlens=None,
-  chunk_indices=None, **kwargs) -> (y, final_state)``. Checkpoints load in both directions.
+  chunk_indices=None, **kwargs) -> (y, final_state)``. Checkpoints load in both directions;
+- ``causal_conv1d``: FLA's function, with its signature and results, for model code that calls the
+  function rather than the module (as code using FLA's context parallelism does).
 
 Importing this module does not import ``fla``: the class is built from ``fla``'s on first use
-(``cake_short_convolution_class``, or the attribute ``CakeShortConvolution``).
+(``cake_short_convolution_class``, or the attribute ``CakeShortConvolution``), and FLA's function
+is imported when a call is delegated to it.
 
-Shape legend: B batch rows, T tokens per row, S packed tokens, D channels (``hidden_size`` of the
-convolution), W taps (``kernel_size``), N sequences.
+Shape legend: B batch rows, T tokens per row, S packed tokens (S_local: this rank's), D channels
+(``hidden_size`` of the convolution), W taps (``kernel_size``), N sequences.
 
-What runs where. A call goes through ``cake_causal_conv1d_det`` (bitwise deterministic forward
-and backward) when it is the training path, that is when ALL of these hold:
+What runs where. A call goes through cakeconv (bitwise deterministic forward and backward) when it
+is the training path, that is when ALL of these hold:
 
-- ``kernel_size == 4`` and ``activation`` is ``"silu"`` or ``"swish"`` (the op fuses SiLU);
-- ``cache is None`` and ``output_final_state`` is False, and no ``cp_context`` (FLA's context
-  parallelism) is passed;
+- W == 4 and ``activation`` is ``"silu"`` or ``"swish"`` (the op fuses SiLU);
+- no state: ``cache`` (module) / ``initial_state`` (function) is None and ``output_final_state``
+  is False;
+- ``cp_context`` is None or an FLA context (``fla.ops.cp.FLACPContext``) of layout
+  ``contiguous`` or ``zigzag``;
 - x is ``[B, T, D]`` (``cu_seqlens`` None: B sequences of T tokens) or ``[1, S, D]`` packed with
-  ``cu_seqlens`` ([N + 1], int32/int64, on x's device);
+  ``cu_seqlens`` ([N + 1], int32/int64, on x's device), or ``[1, S_local, D]`` with a
+  ``cp_context``;
 - D is a multiple of 8, x is BF16/FP16/FP32, the weight is FP32 or BF16, and cakeconv runs on x's
   device (the CPU, or an NVIDIA GPU of compute capability >= 8.0).
 
-Every other call is delegated unchanged to ``ShortConvolution.forward``, FLA's own code: decode
-steps and chunked prefill with a ``cache``, ``output_final_state=True`` (as FLA's layers ask when
-``use_cache`` is on, e.g. in ``generate`` or in an eval-mode forward of an ``fla.models`` model,
-whose ``config.use_cache`` defaults to True), other widths, ``activation=None``, FP16 weights,
-x of other ranks (e.g. ``[B, T, H, K]``), FLA's context parallelism. ``delegation_reason`` says,
-for given arguments, which rule sends a call to FLA (None: cakeconv runs it).
+Every other call is delegated unchanged to FLA's own code (``ShortConvolution.forward``, or
+FLA's ``causal_conv1d``): decode steps and chunked prefill with a ``cache``, an
+``initial_state``, ``output_final_state=True`` (as FLA's layers ask when ``use_cache`` is on, e.g.
+in ``generate`` or in an eval-mode forward of an ``fla.models`` model, whose ``config.use_cache``
+defaults to True), other widths, ``activation=None``, no weight, FP16 weights, x of other ranks
+(e.g. ``[B, T, H, K]``). ``delegation_reason`` (module) and ``causal_conv1d_delegation_reason``
+(function) say, for given arguments, which rule sends a call to FLA (None: cakeconv runs it).
+
+Context parallelism. With an FLA context, x is this rank's ``[1, S_local, D]`` rows in FLA's local
+order, and the call runs ``cake_causal_conv1d_det_kcp`` on the ``KcpContext`` derived from the FLA
+context (``KcpContext.from_fla``: its first use is a collective over the context's group, later
+uses are cached), so one FLA context serves the convolution and FLA's CP ops of the layer (e.g.
+``fla.ops.kda.chunk_kda(..., cp_context=ctx)``). As in FLA, ``cu_seqlens`` is then overridden by
+the context. y and dx are bitwise the single-rank op's on this rank's tokens; dweight and dbias are
+this rank's partial sums (the training framework reduces them as for every parameter). KCP takes
+FP32 taps: a BF16 weight (or bias) is cast to FP32 inside, and autograd casts its gradient back. An
+FLA context without a group is run as FLA does: one rank, on the context's local ``cu_seqlens``.
 
 Math of the cakeconv path, per sequence (rows before the sequence's first token read as zero;
-``weight[d, 0, W - 1]`` multiplies the current token, as in ``nn.Conv1d``):
+``weight[d, W - 1]`` multiplies the current token, as in ``nn.Conv1d``; the module's weight is
+``[D, 1, W]``):
 
-    y[t, d] = silu(bias[d] + sum_{k=0..3} weight[d, 0, k] * x[t - 3 + k, d])      (FP32, rounded to x's dtype)
-    y[t, d] = y[t, d] + residual[t, d]                                            (when residual is given)
+    y[t, d] = silu(bias[d] + sum_{k=0..3} weight[d, k] * x[t - 3 + k, d])      (FP32, rounded to x's dtype)
+    y[t, d] = y[t, d] + residual[t, d]                                         (when residual is given)
 
-``residual`` and ``mask`` are honoured as FLA does: ``mask`` ([B, T], 1 keeps a token, 0 zeroes
-it; not allowed with ``cu_seqlens``) multiplies x IN PLACE before the convolution
+``residual`` and ``mask`` are honoured as FLA does: ``mask`` (module only; [B, T], 1 keeps a
+token, 0 zeroes it; not allowed with ``cu_seqlens``) multiplies x IN PLACE before the convolution
 (``x.mul_(mask.unsqueeze(-1))``, as ``ShortConvolution.forward``), and ``residual`` (x's shape) is
 added after the activation. FLA adds the residual in FP32 before its one rounding; here the
 convolution's output is rounded to x's dtype first, then the residual is added (one more bf16
@@ -66,13 +84,15 @@ import warnings
 import torch
 import torch.nn as nn
 
-from .. import cake_causal_conv1d_det, is_cake_causal_conv1d_det_train_supported
+from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp, is_cake_causal_conv1d_det_train_supported
 
 # CakeShortConvolution is public too, but left out of __all__: it is built by importing fla, and
 # `from cakeconv.integrations.fla import *` must work without fla.
 __all__ = [
     "CakeShortConvolutionMixin",
     "cake_short_convolution_class",
+    "causal_conv1d",
+    "causal_conv1d_delegation_reason",
     "swap_short_convolutions",
 ]
 
@@ -81,6 +101,10 @@ SILU_ACTIVATIONS = ("silu", "swish")
 CAKE_BACKENDS = ("auto", "triton", "reference")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+FLA_CP_LAYOUTS = ("contiguous", "zigzag")
+# The fields of fla.ops.cp.FLACPContext that the cakeconv path reads (KcpContext.from_fla).
+_FLA_CP_FIELDS = ("group", "layout", "cu_seqlens", "cu_seqlens_cpu", "pre_num_conv_tokens", "part_len",
+                  "front_num_seqs", "pre_num_conv_tokens_by_part")
 
 _FLA_HINT = ("cakeconv.integrations.fla needs flash-linear-attention (the `fla` package, 0.6.0): "
              "pip install flash-linear-attention==0.6.0 (it brings fla-core, einops and transformers)")
@@ -100,6 +124,15 @@ def _fla_short_convolution() -> type:
     return ShortConvolution
 
 
+def _fla_causal_conv1d():
+    """``fla.modules.causal_conv1d.causal_conv1d``, imported on first use."""
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d as fla_causal_conv1d
+    except ImportError as error:
+        raise ImportError(_FLA_HINT) from error
+    return fla_causal_conv1d
+
+
 def _is_fla_short_convolution(base: type) -> bool:
     return base.__name__ == "ShortConvolution" and base.__module__.split(".")[0] == "fla"
 
@@ -115,6 +148,72 @@ def _device_supported(device: torch.device) -> bool:
         supported = bool(is_cake_causal_conv1d_det_train_supported(device))
         _SUPPORTED_DEVICES[device] = supported
     return supported
+
+
+def _cp_context_reason(cp_context) -> str | None:
+    """Why a ``cp_context`` sends a call to FLA, or None (no context, or one cakeconv derives its own from)."""
+    if cp_context is None:
+        return None
+    missing = [name for name in _FLA_CP_FIELDS if not hasattr(cp_context, name)]
+    if missing:
+        return f"cp_context of type {type(cp_context).__name__} is not FLA's FLACPContext (no {', '.join(missing)})"
+    if cp_context.layout not in FLA_CP_LAYOUTS:
+        return f"cp_context layout {cp_context.layout!r} (cakeconv derives {' and '.join(FLA_CP_LAYOUTS)})"
+    return None
+
+
+def _input_reason(x, D: int, weight_dtype: torch.dtype) -> str | None:
+    """Why x (of a convolution of D channels with taps of ``weight_dtype``) sends a call to FLA, or None."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != D:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        return f"x of shape {shape} (cakeconv takes [B, T, D] or [1, S, D], D = {D})"
+    if D % 8 != 0:
+        return f"D = {D} is not a multiple of 8"
+    if x.dtype not in X_DTYPES:
+        return f"x dtype {x.dtype}"
+    if weight_dtype not in WEIGHT_DTYPES:
+        return f"weight dtype {weight_dtype} (cakeconv takes FP32 or BF16 taps)"
+    if not _device_supported(x.device):
+        return f"cakeconv does not run on {x.device}"
+    return None
+
+
+def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+    """FP32 taps or bias for the KCP op (a differentiable cast; autograd casts the gradient back)."""
+    return t if t is None or t.dtype == torch.float32 else t.float()
+
+
+def _cake_conv(x_BTD, weight_DW, bias_D, residual, cu_seqlens, cp_context, cake_backend):
+    """The cakeconv path of the module and the function: y of x's shape and dtype (module docstring).
+
+    Raises:
+        ValueError: ``cu_seqlens`` or ``cp_context`` with a batch of more than one row, or a
+            ``residual`` of the wrong shape. cakeconv's own checks follow.
+    """
+    B = x_BTD.shape[0]
+    if B != 1 and (cu_seqlens is not None or cp_context is not None):
+        what = "cp_context, x must be this rank's rows" if cp_context is not None else "cu_seqlens, x must be packed"
+        raise ValueError(f"with {what} as [1, S, D]; got x of shape {tuple(x_BTD.shape)}")
+    if residual is not None and (not isinstance(residual, torch.Tensor) or residual.shape != x_BTD.shape):
+        shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
+        raise ValueError(f"residual must have x's shape {tuple(x_BTD.shape)}, got {shape}")
+    if cp_context is None:
+        y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, cu_seqlens=cu_seqlens, backend=cake_backend)
+    elif cp_context.group is None:  # FLA runs a context without a group as one rank, on its local documents
+        if cp_context.cu_seqlens is None:
+            raise ValueError("the cp_context has neither a process group nor cu_seqlens")
+        y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, cu_seqlens=cp_context.cu_seqlens.to(x_BTD.device),
+                                       backend=cake_backend)
+    else:
+        kcp_context = KcpContext.from_fla(cp_context, device=x_BTD.device)
+        y_BTD = cake_causal_conv1d_det_kcp(x_BTD, _fp32(weight_DW), kcp_context, bias=_fp32(bias_D),
+                                           backend=cake_backend)
+    if residual is not None:
+        if residual.dtype == y_BTD.dtype:
+            y_BTD = y_BTD + residual
+        else:
+            y_BTD = (y_BTD.float() + residual.float()).to(y_BTD.dtype)
+    return y_BTD
 
 
 def _no_fused_qkv_conv(*args, **kwargs) -> bool:
@@ -184,23 +283,13 @@ class CakeShortConvolutionMixin:
             return "a cache is given (decode step or chunked prefill)"
         if output_final_state:
             return "output_final_state = True"
-        if kwargs.get("cp_context") is not None:
-            return "FLA context parallelism (cp_context)"
+        reason = _cp_context_reason(kwargs.get("cp_context"))
+        if reason is not None:
+            return reason
         if (self.groups != D or self.out_channels != D or tuple(self.stride) != (1,)
                 or tuple(self.dilation) != (1,) or self.padding_mode != "zeros"):
             return f"not a depthwise stride-1 causal convolution ({self!r})"
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != D:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            return f"x of shape {shape} (cakeconv takes [B, T, D] or [1, S, D], D = {D})"
-        if D % 8 != 0:
-            return f"D = {D} is not a multiple of 8"
-        if x.dtype not in X_DTYPES:
-            return f"x dtype {x.dtype}"
-        if self.weight.dtype not in WEIGHT_DTYPES:
-            return f"weight dtype {self.weight.dtype} (cakeconv takes FP32 or BF16 taps)"
-        if not _device_supported(x.device):
-            return f"cakeconv does not run on {x.device}"
-        return None
+        return _input_reason(x, D, self.weight.dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, mask: torch.Tensor | None = None,
                 cache: torch.Tensor | None = None, output_final_state: bool = False,
@@ -218,16 +307,18 @@ class CakeShortConvolutionMixin:
             cu_seqlens: [N + 1] int32/int64 sequence boundaries on x's device, or None.
             chunk_indices: FLA's precomputed chunk table; unused by cakeconv, passed on when
                 delegating.
-            **kwargs: passed on when delegating (``cp_context`` is delegated; others such as
-                ``cu_seqlens_cpu`` are ignored by the cakeconv path).
+            **kwargs: ``cp_context``: an FLA context (``fla.ops.cp.FLACPContext``): x is this rank's
+                ``[1, S_local, D]`` rows and the call runs KCP (module docstring); others (e.g.
+                ``cu_seqlens_cpu``) are passed on when delegating and ignored by the cakeconv path.
 
         Returns:
             (y, final_state): y of x's shape and dtype; final_state None on the cakeconv path.
 
         Raises:
             ValueError: on the cakeconv path, ``mask`` with ``cu_seqlens`` (as FLA), ``cu_seqlens``
-                with a batch of more than one row, or a ``mask`` / ``residual`` of the wrong shape.
-                cakeconv's own checks follow (``cu_seqlens`` values, dtypes, devices).
+                or ``cp_context`` with a batch of more than one row, or a ``mask`` / ``residual``
+                of the wrong shape. cakeconv's own checks follow (``cu_seqlens`` values, dtypes,
+                devices; an FLA context that the ranks do not share, from ``KcpContext.from_fla``).
         """
         reason = self.delegation_reason(x, residual=residual, mask=mask, cache=cache,
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -236,9 +327,9 @@ class CakeShortConvolutionMixin:
             return super().forward(x, residual=residual, mask=mask, cache=cache,
                                    output_final_state=output_final_state, cu_seqlens=cu_seqlens,
                                    chunk_indices=chunk_indices, **kwargs)
-        return self._cake_forward(x, residual, mask, cu_seqlens), None
+        return self._cake_forward(x, residual, mask, cu_seqlens, kwargs.get("cp_context")), None
 
-    def _cake_forward(self, x_BTD, residual, mask, cu_seqlens):
+    def _cake_forward(self, x_BTD, residual, mask, cu_seqlens, cp_context):
         B, T, D = x_BTD.shape
         if mask is not None:
             if cu_seqlens is not None:
@@ -247,19 +338,8 @@ class CakeShortConvolutionMixin:
                 shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
                 raise ValueError(f"mask must be [B, T] = [{B}, {T}] for x of shape {tuple(x_BTD.shape)}, got {shape}")
             x_BTD = x_BTD.mul_(mask.unsqueeze(-1))  # in place, as ShortConvolution.forward
-        if cu_seqlens is not None and B != 1:
-            raise ValueError(f"with cu_seqlens, x must be packed as [1, S, D]; got x of shape {tuple(x_BTD.shape)}")
-        if residual is not None and (not isinstance(residual, torch.Tensor) or residual.shape != x_BTD.shape):
-            shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
-            raise ValueError(f"residual must have x's shape {tuple(x_BTD.shape)}, got {shape}")
         weight_DW = self.weight.reshape(D, KERNEL_SIZE)  # a view of the [D, 1, 4] parameter
-        y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, self.bias, cu_seqlens=cu_seqlens, backend=self.cake_backend)
-        if residual is not None:
-            if residual.dtype == y_BTD.dtype:
-                y_BTD = y_BTD + residual
-            else:
-                y_BTD = (y_BTD.float() + residual.float()).to(y_BTD.dtype)
-        return y_BTD
+        return _cake_conv(x_BTD, weight_DW, self.bias, residual, cu_seqlens, cp_context, self.cake_backend)
 
 
 def cake_short_convolution_class(base: type | None = None) -> type:
@@ -356,3 +436,84 @@ def swap_short_convolutions(model: nn.Module, *, cake_backend: str = "auto", bas
         if fuses and any(isinstance(child, CakeShortConvolutionMixin) for child in module.children()):
             module._use_fused_qkv_conv = _no_fused_qkv_conv
     return swapped
+
+
+def causal_conv1d_delegation_reason(x, weight=None, bias=None, residual=None, initial_state=None,
+                                    output_final_state=False, activation=None, backend="triton", cu_seqlens=None,
+                                    cu_seqlens_cpu=None, chunk_indices=None, cp_context=None, **kwargs) -> str | None:
+    """Why ``causal_conv1d`` with these arguments goes to FLA's function, or None when cakeconv runs it.
+
+    Takes ``causal_conv1d``'s arguments (without ``cake_backend``). Only the rules of the module
+    docstring are checked here; user errors are raised by ``causal_conv1d``.
+    """
+    if weight is None:
+        return "no weight (cakeconv is the convolution)"
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[-1] != KERNEL_SIZE:
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        return f"weight of shape {shape} (cakeconv implements W = 4 taps, [D, 4])"
+    if activation not in SILU_ACTIVATIONS:
+        return f"activation = {activation!r} (cakeconv fuses SiLU)"
+    if initial_state is not None:
+        return "an initial_state is given"
+    if output_final_state:
+        return "output_final_state = True"
+    reason = _cp_context_reason(cp_context)
+    if reason is not None:
+        return reason
+    return _input_reason(x, weight.shape[0], weight.dtype)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                  residual: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+                  output_final_state: bool | None = False, activation: str | None = None,
+                  backend: str | None = "triton", cu_seqlens: torch.Tensor | None = None,
+                  cu_seqlens_cpu: torch.Tensor | None = None, chunk_indices: torch.Tensor | None = None,
+                  cp_context=None, *, cake_backend: str = "auto",
+                  **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """FLA's ``fla.modules.causal_conv1d.causal_conv1d``: cakeconv on the training path, FLA's for the rest.
+
+    The same arguments and results as FLA 0.6.0's function, plus the keyword ``cake_backend``. See
+    the module docstring for which calls run cakeconv, the math, and context parallelism.
+
+    Args:
+        x: [B, T, D]; [1, S, D] packed with ``cu_seqlens``; with ``cp_context``, this rank's
+            [1, S_local, D] rows in the context's local order.
+        weight: [D, 4] taps (FP32 or BF16 on the cakeconv path); ``weight[:, 3]`` multiplies the
+            current token.
+        bias: optional [D].
+        residual: optional, x's shape; added after the activation.
+        initial_state, output_final_state: FLA's state input and output (delegated to FLA).
+        activation: "silu" or "swish" for the cakeconv path (None is delegated).
+        backend: FLA's backend for the delegated calls ("triton", "cuda" or "mix").
+        cu_seqlens: [N + 1] int32/int64 sequence boundaries on x's device, or None. With a
+            ``cp_context`` it is overridden by the context, as in FLA.
+        cu_seqlens_cpu, chunk_indices: FLA's precomputed tables; passed on when delegating,
+            unused by cakeconv.
+        cp_context: an FLA context (``fla.ops.cp.build_cp_context(cu_seqlens, group, ...)``,
+            layout "contiguous" or "zigzag"): the call runs ``cake_causal_conv1d_det_kcp`` on
+            ``KcpContext.from_fla(cp_context)`` (the first call for a context is a collective over
+            its group; every rank must make it). The same context serves FLA's CP ops.
+        cake_backend: "auto", "triton" or "reference", for the cakeconv path.
+        **kwargs: passed on when delegating (e.g. ``seq_idx`` of FLA's "mix" backend).
+
+    Returns:
+        (y, final_state): y of x's shape and dtype; final_state None on the cakeconv path. With a
+        ``cp_context``, dweight and dbias are this rank's partial sums.
+
+    Raises:
+        ValueError: an unknown ``cake_backend``; on the cakeconv path, ``cu_seqlens`` or
+            ``cp_context`` with a batch of more than one row, a ``residual`` of the wrong shape,
+            then cakeconv's own checks (``cu_seqlens`` values, dtypes, devices; FLA contexts of the
+            ranks that do not describe one batch).
+        ImportError: a delegated call without flash-linear-attention installed.
+    """
+    _check_cake_backend(cake_backend)
+    reason = causal_conv1d_delegation_reason(x, weight, bias, residual, initial_state, output_final_state,
+                                             activation, backend, cu_seqlens, cu_seqlens_cpu, chunk_indices,
+                                             cp_context, **kwargs)
+    if reason is not None:
+        return _fla_causal_conv1d()(x, weight=weight, bias=bias, residual=residual, initial_state=initial_state,
+                                    output_final_state=output_final_state, activation=activation, backend=backend,
+                                    cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                    chunk_indices=chunk_indices, cp_context=cp_context, **kwargs)
+    return _cake_conv(x, weight, bias, residual, cu_seqlens, cp_context, cake_backend), None
