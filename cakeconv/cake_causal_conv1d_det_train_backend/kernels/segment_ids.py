@@ -2,10 +2,10 @@
 
 Shape legend: S packed tokens, N segments, N1 = N + 1 boundaries.
 
-A program of the forward or backward kernel that touches more than FEW_SEGMENTS segments used to
-place each of its rows by a binary search over ``cu`` (about log2 of its segment count in dependent
-loads, for every row of every loop step). With thousands of short documents most programs are
-such. Once per ``cu_seqlens``, ``cake_segment_ids_kernel`` writes the int32 buffer
+Without them, a program of the forward or backward kernel that touches more than FEW_SEGMENTS
+segments places each of its rows by a binary search over ``cu`` (about log2 of its segment count in
+dependent loads, for every row of every loop step). With thousands of short documents most programs
+are such. Once per ``cu_seqlens``, ``cake_segment_ids_kernel`` writes the int32 buffer
 
     [cu[0], ..., cu[N], ids[0], ..., ids[S - 1]]      ids[t] = max{d : cu[d] <= t}
 
