@@ -120,11 +120,7 @@ def _derive(fla_context, group, device) -> KcpContext:
         raise ValueError(f"KcpContext.from_fla: this process is not a member of the FLA context's group {group!r}")
     error, header, inner = None, [0] * _HEADER, []
     try:
-        layout, part_len, parts = local_parts(fla_context, rank, world_size)
-        header = [1, FLA_LAYOUTS[layout], world_size, part_len, len(parts), 0, 0, 0, 0, 0, 0]
-        for i, (slot, pre, bounds) in enumerate(parts):
-            header[5 + 3 * i: 8 + 3 * i] = [slot, pre, len(bounds)]
-            inner.extend(bounds)
+        header, inner = encode_parts(*local_parts(fla_context, rank, world_size), world_size)
     except ValueError as exc:  # re-raised below, after the header all-gather
         error = exc
 
@@ -194,6 +190,16 @@ def local_parts(fla_context, rank: int, world_size: int):
                              f"for its part at token {start}")
         parts.append((slot, pre, [start + v for v in part_cu[1:-1]]))
     return layout, part_len, parts
+
+
+def encode_parts(layout: str, part_len: int, parts, world_size: int) -> tuple[list[int], list[int]]:
+    """A rank's ``local_parts`` as the all-gathered header (``_HEADER`` ints) and inner boundaries."""
+    header = [1, FLA_LAYOUTS[layout], world_size, part_len, len(parts)] + [0] * 6
+    inner = []
+    for i, (slot, pre, bounds) in enumerate(parts):
+        header[5 + 3 * i: 8 + 3 * i] = [slot, pre, len(bounds)]
+        inner.extend(bounds)
+    return header, inner
 
 
 def global_cu_seqlens(headers_PH, inner_PB) -> list[int]:
