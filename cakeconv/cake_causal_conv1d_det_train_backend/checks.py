@@ -110,6 +110,16 @@ def check_cu_values(cu: torch.Tensor, S: int) -> None:
             f"cu_seqlens[{i + 1}] = {v[i + 1].item()}")
     if v[-1].item() != S:
         raise ValueError(f"cu_seqlens must end at the number of tokens S = {S}, got cu_seqlens[-1] = {v[-1].item()}")
+    mark_cu_values_valid(cu, S)
+
+
+def mark_cu_values_valid(cu: torch.Tensor, S: int) -> None:
+    """Record ``cu`` as checked for S tokens, as ``check_cu_values`` does after reading it.
+
+    Also for boundaries this package built on the device and that are valid by construction
+    (``cakeconv.integrations.dao`` builds them from ``seq_idx``): later calls then copy nothing to
+    the host. The record lasts while the tensor lives and is not modified.
+    """
     if len(_checked_cu) > 256:
         _checked_cu.clear()
     key = id(cu)
