@@ -1,0 +1,498 @@
+"""Dao-AILab's causal-conv1d API (``causal_conv1d_fn``, ``causal_conv1d_update``) on cakeconv.
+
+causal-conv1d 1.7.0 (``pip install causal-conv1d``) is the depthwise causal convolution that
+mamba_ssm and Hugging Face transformers' linear-attention layers call. This module has the same
+two functions, with the same signatures and semantics, so that code written against it runs on
+cakeconv's deterministic op by changing one import:
+
+- ``causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
+  return_final_states=False, final_states_out=None, activation=None)``;
+- ``causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
+  conv_state_indices=None)``, the decode step;
+
+and, in plain PyTorch (written from causal-conv1d's documented semantics, not from its code),
+``torch_causal_conv1d_fn`` and ``torch_causal_conv1d_update`` with the same signatures, which run
+what neither cakeconv nor an installed causal-conv1d runs (e.g. anything on the CPU that cakeconv
+does not compute). Importing this module does not import causal-conv1d.
+
+Shape legend: B batch rows, D channels, T tokens per row, S = B * T, W taps, H = W - 1 history
+columns, L conv-state columns, N documents.
+
+The math (causal-conv1d's), for row b, channel d, token t, with x_b[t] = 0 for t < 0 (or the
+``initial_states`` columns there):
+
+    pre[b, d, t] = bias[d] + sum_{k=0..W-1} weight[d, k] * x[b, d, t - (W - 1) + k] * same(t - (W - 1) + k, t)
+    y[b, d, t]   = silu(pre) if activation in ("silu", "swish") else pre
+
+``weight[:, W - 1]`` multiplies the current token. Without ``seq_idx``, same() is 1. With
+``seq_idx [B, T]``, same(s, t) is 1 when seq_idx[b, s] == seq_idx[b, t] (0 for s < 0 without
+initial states), and y is 0 where seq_idx[b, t] < 0 (padding tokens).
+
+What runs on cakeconv (``cake_causal_conv1d_det``: bitwise repeatable y, dx, dweight, dbias; FP32
+arithmetic rounded once), when ALL of these hold (``delegation_reason`` says which one fails):
+
+- ``activation`` is "silu" or "swish" (cakeconv fuses SiLU);
+- no ``initial_states`` and ``return_final_states`` False;
+- W is 2, 3 or 4: W < 4 runs as W = 4 with 4 - W leading zero taps (exact: each zero tap adds
+  +0.0 to the FP32 sum), and dweight is the matching slice of the W = 4 dweight, bitwise
+  repeatable like it;
+- D is a multiple of 8; x is bf16, fp16 or fp32; weight and bias are fp32, bf16 or fp16 (fp16
+  taps are widened to fp32, exactly; their gradient is rounded once back to fp16);
+- cakeconv runs on x's device (the CPU, or an NVIDIA GPU of compute capability >= 8.0).
+
+Everything else is delegated: to causal-conv1d's own function when it is installed and x is on a
+CUDA device, else to ``torch_causal_conv1d_fn`` / ``torch_causal_conv1d_update`` (the same
+results up to FP32 rounding). ``causal_conv1d_update`` is always delegated (decoding is not the
+training op). Delegated calls keep causal-conv1d's properties: its weight gradient is not
+bitwise repeatable.
+
+Layouts. x may have causal-conv1d's channel-last layout (``x.stride(1) == 1``, e.g. the
+``[B, D, T]`` view ``x_BTD.transpose(1, 2)`` of a token-major tensor, what transformers and
+mamba_ssm pass): cakeconv reads it in place, no copy, and y has the same layout. Any other
+layout (channel-first ``[B, D, T]`` contiguous) is copied to channel-last and y copied back to
+contiguous, as causal-conv1d returns it.
+
+``seq_idx`` on the cakeconv path: each row is cut into documents where seq_idx changes between
+neighbouring tokens (and at every row start), ``cu_seqlens_from_seq_idx``. This is causal-conv1d's
+rule whenever each document's tokens are contiguous in its row and no id is negative (what
+transformers' ``DataCollatorWithFlattening(return_seq_idx=True)`` and mamba_ssm produce). Other
+ids are read as they come: an id that reappears after another id starts a new document (causal-
+conv1d lets it read the earlier tokens of that id), and a negative id is an ordinary id (causal-
+conv1d writes y = 0 there). ``check_seq_idx(seq_idx)`` tells the two kinds apart (it reads the
+values: a host sync on the GPU). The boundaries are built on x's device without reading any
+value on the host (no synchronisation), as B * T + 1 entries (documents past the last one are
+empty), and are kept per ``seq_idx`` tensor while it lives and is not modified, so the layers of a
+model that share one ``seq_idx`` build them once.
+
+Errors: bad shapes, dtypes, devices or arguments raise ValueError / TypeError naming the value,
+before any computation, on every path (an unknown ``activation`` raises ValueError, where
+causal-conv1d raises NotImplementedError).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from .. import cake_causal_conv1d_det, is_cake_causal_conv1d_det_train_supported
+from ..cake_causal_conv1d_det_train_backend import checks
+
+try:  # the CUDA build of torch: the current raw stream, cheaply
+    from torch._C import _cuda_getCurrentRawStream
+except ImportError:  # CPU build
+    _cuda_getCurrentRawStream = None
+
+__all__ = [
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "torch_causal_conv1d_fn",
+    "torch_causal_conv1d_update",
+    "delegation_reason",
+    "cu_seqlens_from_seq_idx",
+    "check_seq_idx",
+    "dao_causal_conv1d",
+]
+
+TAPS = 4  # cakeconv's width
+SILU_ACTIVATIONS = ("silu", "swish")
+ACTIVATIONS = (None, "silu", "swish")
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+CAKE_BACKENDS = ("auto", "triton", "reference")
+
+# device -> whether cakeconv runs there (asked once per device).
+_SUPPORTED_DEVICES: dict = {}
+# causal-conv1d's (causal_conv1d_fn, causal_conv1d_update), or () when it does not import; None: not tried.
+_DAO = None
+
+
+def dao_causal_conv1d():
+    """causal-conv1d's ``(causal_conv1d_fn, causal_conv1d_update)``, or None when it does not import.
+
+    Imported on first use and remembered (a failed import is not retried).
+    """
+    global _DAO
+    if _DAO is None:
+        try:
+            from causal_conv1d import causal_conv1d_fn as fn, causal_conv1d_update as update
+            _DAO = (fn, update)
+        except (ImportError, OSError):  # not installed, or its extension does not load here
+            _DAO = ()
+    return _DAO or None
+
+
+def _device_supported(device: torch.device) -> bool:
+    supported = _SUPPORTED_DEVICES.get(device)
+    if supported is None:
+        supported = bool(is_cake_causal_conv1d_det_train_supported(device))
+        _SUPPORTED_DEVICES[device] = supported
+    return supported
+
+
+# ------------------------------------------------------------------------------------ checks
+
+def _shape(t) -> object:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_tensor(name: str, t, dims: tuple, device: torch.device) -> None:
+    """t is a tensor of shape ``dims`` (None entries: any size) on ``device``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != len(dims) or any(want is not None and have != want for have, want in zip(t.shape, dims)):
+        want = ", ".join("*" if w is None else str(w) for w in dims)
+        raise ValueError(f"{name} must have shape [{want}], got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}")
+
+
+def _check_activation(activation) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
+
+
+def _check_index(name: str, t, dims: tuple, device: torch.device) -> None:
+    _check_tensor(name, t, dims, device)
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+
+
+def _check_fn_args(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out,
+                   activation) -> None:
+    """Validate ``causal_conv1d_fn``'s arguments from their metadata (no value is read)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, D, T], got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    B, D, T = x.shape
+    _check_tensor("weight", weight, (D, None), x.device)
+    W = weight.shape[1]
+    if W < 1:
+        raise ValueError(f"weight must be [D, W] with W >= 1, got shape {tuple(weight.shape)}")
+    if bias is not None:
+        _check_tensor("bias", bias, (D,), x.device)
+    _check_activation(activation)
+    if seq_idx is not None:
+        _check_index("seq_idx", seq_idx, (B, T), x.device)
+        if return_final_states:
+            raise ValueError("return_final_states=True cannot be combined with seq_idx (as in causal-conv1d)")
+    if initial_states is not None:
+        _check_tensor("initial_states", initial_states, (B, D, W - 1), x.device)
+    if return_final_states and final_states_out is not None:
+        _check_tensor("final_states_out", final_states_out, (B, D, W - 1), x.device)
+
+
+def delegation_reason(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                      final_states_out=None, activation=None) -> str | None:
+    """Why ``causal_conv1d_fn`` with these (valid) arguments is delegated, or None when cakeconv runs it.
+
+    Takes ``causal_conv1d_fn``'s arguments; the rules are the module docstring's.
+    """
+    W = weight.shape[1]
+    D = x.shape[1]
+    if activation not in SILU_ACTIVATIONS:
+        return f"activation = {activation!r} (cakeconv fuses SiLU)"
+    if initial_states is not None:
+        return "initial_states given"
+    if return_final_states:
+        return "return_final_states = True"
+    if not 2 <= W <= TAPS:
+        return f"W = {W} (cakeconv runs W = 2, 3 or 4)"
+    if D % 8 != 0:
+        return f"D = {D} is not a multiple of 8"
+    if x.dtype not in X_DTYPES:
+        return f"x dtype {x.dtype}"
+    if weight.dtype not in PARAM_DTYPES or (bias is not None and bias.dtype not in PARAM_DTYPES):
+        return f"weight dtype {weight.dtype}, bias dtype {None if bias is None else bias.dtype}"
+    if not _device_supported(x.device):
+        return f"cakeconv does not run on {x.device}"
+    return None
+
+
+# ----------------------------------------------------------------------- seq_idx -> cu_seqlens
+
+def check_seq_idx(seq_idx: torch.Tensor) -> None:
+    """Raise ValueError unless cakeconv reads ``seq_idx [B, T]`` as causal-conv1d does.
+
+    That is: no id is negative, and in each row the tokens of one id are contiguous (no id comes
+    back after another). Reads the values (a host synchronisation when on the GPU).
+    """
+    if not isinstance(seq_idx, torch.Tensor) or seq_idx.dim() != 2:
+        raise ValueError(f"seq_idx must be a [B, T] tensor, got {_shape(seq_idx)}")
+    ids_BT = seq_idx.detach().to("cpu", torch.int64)
+    negative = torch.nonzero(ids_BT < 0)
+    if negative.shape[0]:
+        b, t = negative[0].tolist()
+        raise ValueError(f"seq_idx[{b}, {t}] = {ids_BT[b, t].item()} < 0: causal-conv1d writes 0 at such padding "
+                         f"tokens, cakeconv reads them as a document")
+    for b in range(ids_BT.shape[0]):
+        runs = torch.unique_consecutive(ids_BT[b])
+        if torch.unique(runs).numel() != runs.numel():
+            raise ValueError(f"seq_idx row {b} has an id whose tokens are not contiguous (runs {runs.tolist()[:16]}...): "
+                             f"causal-conv1d lets its tokens read each other across other ids, cakeconv does not")
+
+
+# seq_idx id -> (weakref to seq_idx, its version, raw stream, cu): the boundaries of live seq_idx tensors.
+_CU_CACHE: dict = {}
+_MAX_CU_ENTRIES = 64
+
+
+def _build_cu(seq_idx_BT: torch.Tensor) -> torch.Tensor:
+    """int32 [S + 1]: cu[d] = first token of the d-th run of equal ids in row-major order, S past the last."""
+    B, T = seq_idx_BT.shape
+    S = B * T
+    new_BT = torch.ones((B, T), dtype=torch.bool, device=seq_idx_BT.device)
+    if T > 1:
+        torch.ne(seq_idx_BT[:, 1:], seq_idx_BT[:, :-1], out=new_BT[:, 1:])
+    run_S = torch.cumsum(new_BT.view(S), 0, dtype=torch.int32)  # 1 + the document of each token
+    targets_N1 = torch.arange(1, S + 2, dtype=torch.int32, device=seq_idx_BT.device)
+    return torch.searchsorted(run_S, targets_N1, out_int32=True)  # first token whose document is >= d
+
+
+def cu_seqlens_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
+    """Document boundaries of ``seq_idx [B, T]`` as cakeconv reads it: int32 ``cu [B * T + 1]``.
+
+    A document starts at every row start and wherever seq_idx differs from the token before; the
+    tokens are taken row after row (S = B * T). ``cu[d]`` is the first token of document d, and
+    ``cu[d] = S`` for d at or past the number of documents (empty documents, allowed by the op).
+
+    Built on seq_idx's device from its values there, with no host synchronisation, and recorded as
+    valid for S tokens (cakeconv then copies none of it to the host). Kept per seq_idx tensor while
+    it lives and is not modified in place (and per CUDA stream), so calls that share one seq_idx
+    get the same tensor; not kept while a CUDA graph is captured or under torch.compile (built
+    every time then).
+    """
+    if torch.compiler.is_compiling():
+        return _build_cu(seq_idx)
+    on_gpu = seq_idx.is_cuda
+    if on_gpu and torch.cuda.is_current_stream_capturing():
+        return _build_cu(seq_idx)
+    stream = _cuda_getCurrentRawStream(seq_idx.get_device()) if on_gpu else 0
+    key = id(seq_idx)
+    entry = _CU_CACHE.get(key)
+    if entry is not None and entry[0]() is seq_idx and entry[1] == seq_idx._version and entry[2] == stream:
+        return entry[3]
+    cu_N1 = _build_cu(seq_idx)
+    checks.mark_cu_values_valid(cu_N1, seq_idx.numel())
+    if len(_CU_CACHE) >= _MAX_CU_ENTRIES:
+        _CU_CACHE.clear()
+    # The entry leaves with its tensor (a later tensor may get the same id).
+    _CU_CACHE[key] = (weakref.ref(seq_idx, lambda _ref, key=key: _CU_CACHE.pop(key, None)), seq_idx._version,
+                      stream, cu_N1)
+    return cu_N1
+
+
+# ------------------------------------------------------------------------- the cakeconv path
+
+def _channel_last(x_BDT: torch.Tensor) -> bool:
+    """causal-conv1d's test: channels adjacent in memory and tokens not (its channel-last kernels)."""
+    return x_BDT.stride(1) == 1 and x_BDT.stride(2) > 1
+
+
+def _cake_fn(x_BDT, weight_DW, bias_D, seq_idx_BT, backend):
+    """y [B, D, T] = silu(conv) on cakeconv's op, in x's layout (module docstring)."""
+    B, D, T = x_BDT.shape
+    W = weight_DW.shape[1]
+    channel_last = _channel_last(x_BDT) or T == 1
+    x_BTD = x_BDT.transpose(1, 2)  # a view; rows of D channels
+    if not channel_last:
+        x_BTD = x_BTD.contiguous()
+    w_D4 = weight_DW if W == TAPS else F.pad(weight_DW, (TAPS - W, 0))  # leading zero taps
+    if w_D4.dtype == torch.float16:
+        w_D4 = w_D4.float()  # exact; autograd rounds dweight back to fp16 once
+    if seq_idx_BT is None:
+        y_BTD = cake_causal_conv1d_det(x_BTD, w_D4, bias_D, backend=backend)
+    else:
+        cu_N1 = cu_seqlens_from_seq_idx(seq_idx_BT)
+        y_SD = cake_causal_conv1d_det(x_BTD.reshape(B * T, D), w_D4, bias_D, cu_seqlens=cu_N1, backend=backend)
+        y_BTD = y_SD.view(B, T, D)
+    y_BDT = y_BTD.transpose(1, 2)
+    return y_BDT if channel_last else y_BDT.contiguous()
+
+
+def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                     final_states_out=None, activation=None, *, backend="auto"):
+    """causal-conv1d 1.7.0's ``causal_conv1d_fn``, on cakeconv's deterministic op where it applies.
+
+    Args:
+        x: [B, D, T], bf16, fp16 or fp32; channel-last (``x.stride(1) == 1``) is read in place.
+        weight: [D, W] (``conv1d.weight.squeeze(1)``); weight[:, W - 1] multiplies the current token.
+        bias: optional [D].
+        seq_idx: optional int32/int64 [B, T] on x's device: tokens read only earlier tokens of
+            their own id (module docstring for how cakeconv reads it).
+        initial_states: optional [B, D, W - 1], the columns before token 0 (delegated).
+        return_final_states: also return the last W - 1 columns, [B, D, W - 1] (delegated).
+        final_states_out: optional [B, D, W - 1] buffer for them.
+        activation: None, "silu" or "swish".
+        backend: cakeconv's backend for the calls it runs: "auto", "triton" or "reference".
+
+    Returns:
+        y [B, D, T] in x's dtype (and the final states when ``return_final_states``).
+
+    Raises:
+        ValueError, TypeError: bad arguments (the message names the value), on every path.
+    """
+    _check_fn_args(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, activation)
+    if backend not in CAKE_BACKENDS:
+        raise ValueError(f"backend must be one of {CAKE_BACKENDS}, got {backend!r}")
+    if delegation_reason(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out,
+                         activation) is None:
+        return _cake_fn(x, weight, bias, seq_idx, backend)
+    dao = dao_causal_conv1d() if x.is_cuda else None
+    delegate = dao[0] if dao is not None else torch_causal_conv1d_fn
+    return delegate(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, activation)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
+                         conv_state_indices=None):
+    """causal-conv1d 1.7.0's ``causal_conv1d_update`` (one decode step; updates ``conv_state`` in place).
+
+    Always delegated: to causal-conv1d's function when installed and x is on a CUDA device, else to
+    ``torch_causal_conv1d_update`` (see it for the arguments). Arguments are validated first.
+    """
+    _check_update_args(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
+    dao = dao_causal_conv1d() if x.is_cuda else None
+    delegate = dao[1] if dao is not None else torch_causal_conv1d_update
+    return delegate(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
+
+
+# ------------------------------------------------------------------ the PyTorch implementations
+
+def _accumulate_dtype(*tensors) -> torch.dtype:
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _taps_sum(window_BDK, weight_DW, bias_D, T, same_BWT=None):
+    """pre[b, d, t] = bias[d] + sum_k weight[d, k] * window[b, d, t + k] (* same[b, k, t]), k ascending."""
+    B, D, _ = window_BDK.shape
+    acc = window_BDK.dtype
+    pre_BDT = window_BDK.new_zeros((B, D, T)) if bias_D is None else bias_D.to(acc)[None, :, None].expand(B, D, T)
+    w_DW = weight_DW.to(acc)
+    for k in range(weight_DW.shape[1]):
+        tap_BDT = w_DW[:, k, None] * window_BDK[:, :, k:k + T]
+        if same_BWT is not None:
+            tap_BDT = torch.where(same_BWT[:, None, k, :], tap_BDT, 0.0)  # skipped, as causal-conv1d does
+        pre_BDT = pre_BDT + tap_BDT
+    return pre_BDT
+
+
+def _in_layout_of(x_BDT: torch.Tensor, y_BDT: torch.Tensor) -> torch.Tensor:
+    """y (any layout) copied into a tensor with x's strides, as causal-conv1d allocates its output."""
+    out_BDT = torch.empty_like(x_BDT)
+    return out_BDT.copy_(y_BDT)
+
+
+def torch_causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
+                           final_states_out=None, activation=None):
+    """``causal_conv1d_fn`` in plain PyTorch (autograd through every input), FP32 arithmetic.
+
+    The math of the module docstring, exactly (seq_idx as causal-conv1d reads it, any W >= 1),
+    computed in FP32 (float64 if an input is float64) and rounded once to x's dtype. y has x's
+    strides; the final states are ``[B, D, W - 1]`` channel-last when allocated here.
+    """
+    _check_fn_args(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, activation)
+    B, D, T = x.shape
+    H = weight.shape[1] - 1
+    acc = _accumulate_dtype(x, weight, bias, initial_states)
+    head_BDH = x.new_zeros((B, D, H), dtype=acc) if initial_states is None else initial_states.to(acc)
+    window_BDK = torch.cat([head_BDH, x.to(acc)], dim=2)  # column j is token j - H
+    same_BWT = None
+    if seq_idx is not None:
+        ids_BT = seq_idx.long()
+        head_id = ids_BT[:, :1] if initial_states is not None else torch.full_like(ids_BT[:, :1], -1)
+        ids_BK = torch.cat([head_id.expand(B, H), ids_BT], dim=1)
+        same_BWT = torch.stack([ids_BK[:, k:k + T] == ids_BT for k in range(H + 1)], dim=1)
+    pre_BDT = _taps_sum(window_BDK, weight, bias, T, same_BWT)
+    if seq_idx is not None:
+        pre_BDT = torch.where((seq_idx < 0)[:, None, :], 0.0, pre_BDT)  # padding tokens
+    y_BDT = F.silu(pre_BDT) if activation in SILU_ACTIVATIONS else pre_BDT
+    out_BDT = _in_layout_of(x, y_BDT.to(x.dtype))
+    if not return_final_states:
+        return out_BDT
+    last_BDH = window_BDK[:, :, window_BDK.shape[2] - H:].to(x.dtype)
+    if final_states_out is None:
+        final_states_out = x.new_empty((B, H, D)).transpose(1, 2)
+    return out_BDT, final_states_out.copy_(last_BDH)
+
+
+def _check_update_args(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x must be [B, D] or [B, D, T], got shape {tuple(x.shape)}")
+    B, D = x.shape[:2]
+    _check_tensor("weight", weight, (D, None), x.device)
+    W = weight.shape[1]
+    _check_tensor("conv_state", conv_state, (None if conv_state_indices is not None else B, D, None), x.device)
+    if conv_state.shape[2] < W - 1 or W < 1:
+        raise ValueError(f"conv_state must have at least W - 1 = {W - 1} columns, got shape {tuple(conv_state.shape)}")
+    if bias is not None:
+        _check_tensor("bias", bias, (D,), x.device)
+    _check_activation(activation)
+    if cache_seqlens is not None:
+        _check_index("cache_seqlens", cache_seqlens, (B,), x.device)
+    if conv_state_indices is not None:
+        _check_index("conv_state_indices", conv_state_indices, (B,), x.device)
+
+
+def _state_windows(x_BDT, state_BDL, H, cache_seqlens):
+    """(the H history columns read before x, the new L-column state) of each row's state."""
+    B, D, T = x_BDT.shape
+    L = state_BDL.shape[2]
+    x_s = x_BDT.to(state_BDL.dtype)
+    if cache_seqlens is None:  # a shift register: the last L columns of [state, x]
+        return state_BDL[:, :, L - H:], torch.cat([state_BDL, x_s], dim=2)[:, :, -L:]
+    # a circular buffer: column (cache_seqlens + j) % L holds token j; history ends just before it
+    start_B1 = cache_seqlens.long()[:, None] % L
+    read_BH = (start_B1 + torch.arange(-H, 0, device=x_BDT.device)) % L
+    hist_BDH = state_BDL.gather(2, read_BH[:, None, :].expand(B, D, H))
+    keep = min(T, L)  # later tokens overwrite earlier ones: only the last L are written
+    write_BK = (start_B1 + torch.arange(T - keep, T, device=x_BDT.device)) % L
+    new_BDL = state_BDL.scatter(2, write_BK[:, None, :].expand(B, D, keep), x_s[:, :, T - keep:])
+    return hist_BDH, new_BDL
+
+
+def torch_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
+                               conv_state_indices=None):
+    """``causal_conv1d_update`` in plain PyTorch: T new tokens after the state's history, FP32 arithmetic.
+
+    Args:
+        x: [B, D] (one token) or [B, D, T].
+        conv_state: [B, D, L] (or [E, D, L] with ``conv_state_indices``), L >= W - 1, x's dtype;
+            updated in place to the last L columns seen.
+        weight, bias, activation: as ``causal_conv1d_fn``.
+        cache_seqlens: optional int [B]: the state is a circular buffer and token 0 goes to column
+            ``cache_seqlens % L``.
+        conv_state_indices: optional int [B]: row b uses state ``conv_state[indices[b]]``; a
+            negative index is a padding row (y = 0, no state touched).
+
+    Returns:
+        y of x's shape and dtype.
+    """
+    _check_update_args(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
+    one_token = x.dim() == 2
+    x_BDT = x.unsqueeze(-1) if one_token else x
+    T = x_BDT.shape[2]
+    H = weight.shape[1] - 1
+    rows_B = None
+    if conv_state_indices is None:
+        state_BDL = conv_state
+    else:
+        rows_B = conv_state_indices.long()
+        state_BDL = conv_state[rows_B.clamp(min=0)]
+    hist_BDH, new_BDL = _state_windows(x_BDT, state_BDL, H, cache_seqlens)
+    acc = _accumulate_dtype(x, weight, bias)
+    window_BDK = torch.cat([hist_BDH.to(acc), x_BDT.to(acc)], dim=2)
+    pre_BDT = _taps_sum(window_BDK, weight, bias, T)
+    y_BDT = (F.silu(pre_BDT) if activation in SILU_ACTIVATIONS else pre_BDT).to(x.dtype)
+    if rows_B is None:
+        conv_state.copy_(new_BDL)
+    else:
+        live_B = rows_B >= 0
+        conv_state[rows_B[live_B]] = new_BDL[live_B]  # boolean indexing: a host sync on the GPU
+        y_BDT = torch.where(live_B[:, None, None], y_BDT, 0.0)
+    return y_BDT.squeeze(-1) if one_token else y_BDT
