@@ -26,7 +26,10 @@ Checks (``--list`` prints them; ``--only`` / ``--skip`` take comma-separated nam
   subgroup       KCP on process sub-groups whose group ranks differ from the global ranks: the
                  last rank alone, the world in reversed order (new_group(sort_ranks=False)), and
                  with N >= 4 the two halves and the even / odd ranks (run side by side)
-  one_document   one document over all ranks (each rank ONE segment: issue 15's crash), zigzag of
+  fla_context    FLA's context parallelism: one FLACPContext (fla.ops.cp.build_cp_context where fla
+                 imports, else the stand-in fields of tests/kcp/test_kcp_fla_context.py) through
+                 cakeconv.integrations.fla.causal_conv1d, both FLA layouts, FP32 and BF16 taps
+  one_document   one document over all ranks (each rank ONE segment, which once crashed), zigzag of
                  one document, one / sixteen tokens per rank, C = 8 (last: a crash ends
                  the run, so the checks before it report first)
 
@@ -36,7 +39,7 @@ check that RAISES on a rank (a crash, not a mismatch) may leave the other ranks 
 exchange, so that rank prints the traceback and ends at once (exit 1): torchrun then ends the
 others and the run fails. Mismatches never raise before the check's collectives are done.
 
-Sizes: on CUDA, C = 256 for most cases (512 in the issue's case) and T up to 65,536 tokens, so the
+Sizes: on CUDA, C = 256 for most cases (512 for one document) and T up to 65,536 tokens, so the
 Triton kernels compile for few (dtype, bias, C) combinations; on the CPU, C = 16 and T / 16.
 """
 
@@ -61,13 +64,17 @@ from torch.utils.checkpoint import checkpoint  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests.helpers
 from tests.helpers import deal_fragments  # noqa: E402
 
+from tests.kcp.test_kcp_fla_context import fla_context_fields, make_context  # noqa: E402
+
 from cakeconv import (  # noqa: E402
+    KcpContext,
     RecomputeHandleDetKcp,
     build_kcp_context,
     cake_causal_conv1d_det,
     cake_causal_conv1d_det_kcp,
     cake_causal_conv1d_det_multi_kcp,
 )
+from cakeconv.integrations.fla import causal_conv1d  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -100,10 +107,10 @@ class Env:
             self.dist_backend, self.conv_backend = "gloo", "reference"
         dist.init_process_group(self.dist_backend, timeout=datetime.timedelta(seconds=pg_timeout_s))
         assert dist.get_rank() == self.rank and dist.get_world_size() == self.world
-        # sizes: (T of the main cases, C of the main cases, C of the issue's case)
+        # sizes: (T of the main cases, C of the main cases, C of one document over all ranks)
         self.T = 32768 if self.cuda else 2048
         self.C = 256 if self.cuda else 16
-        self.C_issue = 512 if self.cuda else 16
+        self.C_one_doc = 512 if self.cuda else 16
         self.multi_C = (256, 128, 256) if self.cuda else (16, 8, 24)  # biases: (b, None, b)
 
     def tag(self) -> str:
@@ -242,7 +249,7 @@ def run_case(env, chk, label, cu_list, *, layout=None, fragments=None, C=None, d
     name = f"{label} [{layout or 'fragments'} {str(dtype)[6:]} bias={bias} T={T} C={C} D={ctx.num_segments}]"
     compare(env, chk, name, ctx, got, want, group)
     dt = time.time() - t_case
-    if dt > 5.0:  # where a check's time goes (session 9: one_document took 142 s)
+    if dt > 5.0:  # where a check's time goes (one_document once took 142 s)
         print(f"{env.tag()}     slow case ({dt:.1f} s): {name}", flush=True)
     return ctx
 
@@ -608,12 +615,65 @@ def subgroup(env, chk):
     dist.barrier()
 
 
+def _fla_cp_context(env, cu_list, layout, builder):
+    """This rank's FLA context of the batch: FLA's builder, or the stand-in fields without fla."""
+    if builder is not None:
+        cu = torch.tensor(cu_list, dtype=torch.int32, device=env.device)
+        return builder(cu, dist.group.WORLD, conv1d_kernel_size=4, layout=layout)
+    return make_context(fla_context_fields(cu_list, env.world, env.rank, layout), dist.group.WORLD, env.device)
+
+
+@check
+def fla_context(env, chk):
+    """One FLA context per batch serves cakeconv's ``causal_conv1d`` (``KcpContext.from_fla``): y and
+    dx bitwise the single-rank op's on this rank's rows (FLA's local buffer), the all-reduced taps'
+    and bias's gradients close (FP32 taps: FP32 reordering; BF16 taps: each rank's partial sum is
+    rounded to BF16), the derived context cached per FLA context."""
+    try:
+        from fla.ops.cp import build_cp_context as builder
+    except Exception:  # ImportError, or a dependency of fla failing to load
+        builder = None
+    if env.rank == 0:
+        print(f"{env.tag()} fla_context: FLA contexts from {'fla.ops.cp.build_cp_context' if builder else 'the stand-in'}",
+              flush=True)
+    rng = random.Random(23)
+    P, C = env.world, env.C
+    T = env.T // (2 * P) * (2 * P)  # FLA's builder needs T % P == 0 (contiguous), T % 2P == 0 (zigzag)
+    for layout in ("contiguous", "zigzag"):
+        batches = [mixed_cu(rng, T, P), [0, T], [0, 3, T - 5, T], [0, 2 * P] if layout == "zigzag" else [0, P]]
+        for i, cu_list in enumerate(batches):
+            fla_ctx = _fla_cp_context(env, cu_list, layout, builder)
+            ctx = KcpContext.from_fla(fla_ctx)
+            label = f"fla_context {layout} batch {i} (T = {cu_list[-1]}, D = {ctx.num_segments})"
+            chk.expect(KcpContext.from_fla(fla_ctx) is ctx, f"{label}: a second from_fla derived a new context")
+            chk.expect(ctx.layout == layout and ctx.world_size == P, f"{label}: {ctx!r}")
+            wdtype = BF16 if i % 2 else FP32
+            x, dy, w, b = global_inputs(env, cu_list[-1], C, BF16, True, 900 + i)
+            w, b = w.to(wdtype), b.to(wdtype)
+            cu = torch.tensor(cu_list, dtype=torch.int32, device=env.device)
+            y_s, dx_s, dw_s, db_s = single(env, x, dy, w, b, cu)
+            xl = ctx.shard(x)[None].requires_grad_(True)
+            wl, bl = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+            y, state = causal_conv1d(xl, wl, bl, activation="silu", cp_context=fla_ctx, cake_backend=env.conv_backend)
+            y.backward(ctx.shard(dy)[None])
+            idx = ctx.local_token_indices
+            chk.expect(state is None, f"{label}: a final state was returned")
+            chk.equal(y.detach()[0], y_s[idx], f"{label}: y")
+            chk.equal(xl.grad[0], dx_s[idx], f"{label}: dx")
+            for got, want, name in ((wl.grad, dw_s, "dweight"), (bl.grad, db_s, "dbias")):
+                chk.expect(got.dtype == wdtype, f"{label}: {name} dtype {got.dtype}")
+                total = got.float()
+                dist.all_reduce(total)
+                chk.close(total, want.float(), f"{label}: {name} (all-reduced)", rtol=1e-4 if wdtype == FP32 else 2e-2)
+            chk.cases += 1
+
+
 @check
 def one_document(env, chk):
     P = env.world
     T = env.T
-    # issue 15: one document of T = 32,768 tokens, contiguous (one segment per rank), C = 512, bf16, no bias
-    ctx = run_case(env, chk, "one document, contiguous", [0, T], layout="contiguous", C=env.C_issue, bias=False, seed=300)
+    # one document of T = 32,768 tokens, contiguous (one segment per rank), C = 512, bf16, no bias
+    ctx = run_case(env, chk, "one document, contiguous", [0, T], layout="contiguous", C=env.C_one_doc, bias=False, seed=300)
     chk.expect(ctx.num_segments == 1, f"one document contiguous: num_segments = {ctx.num_segments}, expected 1")
     run_case(env, chk, "one document, zigzag", [0, T], layout="zigzag", seed=302)
     # tiny local shares with one segment: the integer values Triton specializes (1, a multiple of 16)

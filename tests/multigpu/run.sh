@@ -8,7 +8,8 @@
 #      processes into Triton's disk cache (CUDA only; it checks nothing).
 #   1. torchrun --standalone --nproc-per-node N tests/multigpu/kcp_nccl.py: every correctness check
 #      (layouts, fragment tables, short and empty documents, multi form, recompute handle,
-#      torch.compile, CUDA-graph capture, process sub-groups, one document over all ranks); one
+#      torch.compile, CUDA-graph capture, process sub-groups, FLA's context through cakeconv's
+#      causal_conv1d, one document over all ranks); one
 #      PASS/FAIL line per check per rank and a summary; nonzero exit if any check failed anywhere.
 #   1b. (CUDA, N < 4) the subgroup check again with 2 ranks per GPU (2N ranks, gloo world, NCCL
 #      groups of one rank per GPU): with N = 2 only that gives a group of 2+ ranks whose group
