@@ -5,7 +5,9 @@ measurement, so a run cut short by a time limit keeps them) and at the end (JSON
 plot_results.py must rebuild, from the partial file alone, the same rows (same medians, same floor
 bytes) as the finished run, rated against the start copy reading. The run covers every timing
 method (GPU time, the eager loop and the host cost beside the trivial Function and silu) and two
-document mixes, on small shapes so that it stays fast.
+document mixes, on small shapes so that it stays fast. A second run, named (``--name``), writes its
+files under that stem, with the eager loop only where ``--eager-c`` and ``--eager-mix`` put it, and
+every row carries the run's date, commit, GPU and versions.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ STEM = "bench_cake_causal_conv1d_det"
 
 
 def _run(args, cwd):
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               BENCH_COMMIT="commit-of-the-test")  # the commit when the tree has no .git
     out = subprocess.run([sys.executable] + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out.stdout
@@ -68,3 +71,32 @@ def test_dry_run_partial_file_rebuilds_the_finished_rows(tmp_path):
         assert float(row["ms"]) == float(final[key]["ms"])
         assert row["floor_bytes"] == final[key]["floor_bytes"]
         assert abs(float(row["fraction"]) - float(row["gbs"]) / start) < 1e-12
+
+
+def test_named_run_writes_its_stem_and_records_the_run(tmp_path):
+    out = tmp_path / "named"
+    table = _run([BENCH, "--dry-run", "--rows", "1531x16,1531x32", "--doc-mix", "seed,uniform:1-8", "--bias", "no",
+                  "--passes", "fwd,fwdbwd", "--eager", "--eager-c", "16", "--eager-mix", "seed", "--reps", "2",
+                  "--name", "cpu_summary", "--out", str(out)], tmp_path)
+    names = {p.name for p in out.iterdir()}
+    assert {"cpu_summary.jsonl", "cpu_summary.csv", "cpu_summary_table.txt", "cpu_summary.partial.jsonl"} <= names
+    assert all(n.startswith("cpu_summary") for n in names), names
+    assert (out / "cpu_summary_table.txt").read_text().strip() == table.strip()
+    with open(out / "cpu_summary.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    env = lines[0]
+    assert env["kind"] == "env" and env["gpu"] == "cpu (dry-run)" and env["commit"]
+    assert env["torch"] and env["triton"] and env["date"] and env["argv"][-4:] == ["--name", "cpu_summary", "--out",
+                                                                                  str(out)]
+    timing = [r for r in lines if r["kind"] == "timing"]
+    for r in timing + [r for r in lines if r["kind"] == "check"]:
+        assert (r["date"], r["commit"], r["gpu"]) == (env["date"], env["commit"], env["gpu"]), r
+    for r in timing:
+        assert (r["torch"], r["triton"], r["cakeconv"]) == (env["torch"], env["triton"], env["cakeconv"]), r
+        assert "fla" in r and "causal_conv1d" in r  # the peers' versions (None: not run)
+    gpu = {(r["mix"], r["C"]) for r in timing if r["method"] == "gpu"}
+    assert gpu == {(m, c) for m in ("seed", "uniform:1-8") for c in (16, 32)}, gpu
+    eager = {(r["method"], r["mix"], r["C"]) for r in timing if r["method"].startswith("eager")}
+    assert eager == {("eager", "seed", 16), ("eager_step", "seed", 16)}, eager
+    with open(out / "cpu_summary.csv") as f:
+        assert all(row["commit"] == env["commit"] for row in csv.DictReader(f))

@@ -1,62 +1,166 @@
-"""The benchmarks folder keeps only what is cited (issue 17's "benchmarks folder").
+"""The benchmarks folder: what it keeps, how its code is cut, and that it speaks of the library only.
 
-- Every file in ``benchmarks/results/`` belongs to a run that NOTES.md, README.md, docs/ or the
-  benchmarks' README cite. A file ``<gpu>_<date>_<run>[_<part>].<ext>`` is cited when the text names
-  ``<date>_<prefix>`` or ``..._<prefix>`` for some leading part ``<prefix>`` of ``<run>_<part>``
-  (cut at underscores) followed by ``.``, ``*``, ``_`` or ``{`` (how NOTES names a run's files:
-  ``..._s6_grid.*`` covers ``..._s6_grid_table.txt``).
-- Every plain citation ``results/<file>`` (no wildcard, no brace) names a file that exists.
-- Every script in ``benchmarks/tools/`` is cited by a document or run by ``device_run.sh``.
+- ``benchmarks/results/`` holds few files, each named ``<gpu>_<what>.<ext>`` (no date, no run number: the
+  date is inside the data), each cited by README.md, docs/, benchmarks/README.md or benchmarks/NOTES.md;
+  every citation ``results/<file>`` (braces expanded: ``results/h200_mixes.{jsonl,csv}``) names a file
+  that exists.
+- Every script in ``benchmarks/tools/`` is cited by a document or run by ``device_run.sh``, and every step
+  of ``device_run.sh`` is in its header and in benchmarks/README.md.
+- No function in ``benchmarks/`` is longer than 80 lines; the modules of ``benchmarks/`` and
+  ``benchmarks/tools/`` (one flat namespace: both folders are on sys.path when their scripts run) import
+  no circle; both benchmarks take their timing protocol from ``benchmarks/timing.py``, the only module
+  that sleeps the GPU.
+- No file of ``benchmarks/`` (its notes aside) names a work session, a device call, an issue number or a
+  kernel version.
 """
 
+import ast
 import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-TOOLS = ROOT / "benchmarks" / "tools"
+BENCH = ROOT / "benchmarks"
+RESULTS = BENCH / "results"
+TOOLS = BENCH / "tools"
+MAX_FUNCTION_LINES = 80
+MAX_RESULT_FILES = 24
 
 
 def _cited_text() -> str:
-    docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", ROOT / "benchmarks" / "NOTES.md"]
+    docs = [ROOT / "README.md", BENCH / "README.md", BENCH / "NOTES.md"]
     docs += sorted((ROOT / "docs").glob("*.md"))
-    return "\n".join(p.read_text() for p in docs)
+    return "\n".join(p.read_text() for p in docs if p.exists())
 
 
-_NAME = re.compile(r"^(?P<gpu>[a-z0-9]+)_(?P<date>\d{4}-\d{2}-\d{2})_(?P<run>[^.]+)\.")
-
-
-def _is_cited(name: str, text: str) -> bool:
-    m = _NAME.match(name)
+def _expand(token: str) -> list[str]:
+    """``a.{b,c}`` -> [``a.b``, ``a.c``] (one brace group or none)."""
+    m = re.fullmatch(r"([^{}]*)\{([^{}]*)\}([^{}]*)", token)
     if m is None:
-        return name in text
-    parts = m["run"].split("_")
-    for n in range(len(parts), 0, -1):
-        prefix = "_".join(parts[:n])
-        for head in (f"{m['date']}_{prefix}", f"..._{prefix}"):
-            if re.search(re.escape(head) + r"(?=[.*_{])", text):
-                return True
-    return False
+        return [token]
+    return [m[1] + part + m[3] for part in m[2].split(",")]
+
+
+def _citations(text: str) -> set[str]:
+    """The file names cited as ``results/<name>`` (braces expanded, wildcards left out)."""
+    tokens = {t.rstrip(".,") for t in re.findall(r"results/([A-Za-z0-9_.+{},*-]+)", text)}
+    names = {n for t in tokens for n in _expand(t)}
+    return {n for n in names if "*" not in n and "{" not in n and "}" not in n and n}
+
+
+def _bench_files(*suffixes):
+    return sorted(p for p in BENCH.rglob("*") if p.is_file() and p.suffix in suffixes and RESULTS not in p.parents)
+
+
+def test_results_are_few_and_named_by_what_they_measure():
+    names = sorted(p.name for p in RESULTS.iterdir())
+    assert 0 < len(names) <= MAX_RESULT_FILES, names
+    bad = [n for n in names if not re.fullmatch(r"[a-z0-9]+_[a-z0-9_]+(\.[a-z]+)+", n)
+           or re.search(r"\d{4}-\d{2}-\d{2}|(^|_)s\d+_|call|_v\d+", n)]
+    assert not bad, f"results named by date, run or version, not by what they measure: {bad}"
 
 
 def test_every_result_file_is_cited():
     text = _cited_text()
-    uncited = [p.name for p in sorted(RESULTS.iterdir()) if not _is_cited(p.name, text)]
-    assert not uncited, f"results nothing cites (cite them in NOTES.md or delete them): {uncited}"
+    cited = _citations(text)
+    uncited = [p.name for p in sorted(RESULTS.iterdir()) if p.name not in cited and p.name not in text]
+    assert not uncited, f"results nothing cites (cite them in benchmarks/README.md or delete them): {uncited}"
 
 
-def test_every_plain_citation_exists():
-    text = _cited_text()
-    tokens = {t.rstrip(".,") for t in re.findall(r"results/([A-Za-z0-9_.+{},*-]+)", text)}
-    plain = {t for t in tokens if "*" not in t and "{" not in t}
-    assert len(plain) > 50, "the citation pattern no longer finds NOTES.md's citations"
-    missing = sorted(n for n in plain if not (RESULTS / n).exists())
+def test_every_citation_exists():
+    cited = _citations(_cited_text())
+    assert len(cited) >= 10, f"the citation pattern no longer finds the documents' citations: {sorted(cited)}"
+    missing = sorted(n for n in cited if not (RESULTS / n).exists())
     assert not missing, f"cited but absent from benchmarks/results/: {missing}"
 
 
 def test_every_tool_is_used():
-    text = _cited_text() + (ROOT / "benchmarks" / "device_run.sh").read_text()
+    text = _cited_text() + (BENCH / "device_run.sh").read_text()
     tools = [p for p in sorted(TOOLS.iterdir()) if p.suffix in (".py", ".sh")]
-    tools += sorted((TOOLS / "calls").glob("*.sh"))
+    assert tools
     unused = [p.name for p in tools if p.name not in text]
     assert not unused, f"tools nothing cites or runs (delete them): {unused}"
+
+
+def test_every_device_step_is_documented():
+    script = (BENCH / "device_run.sh").read_text()
+    steps = re.findall(r"^    ([a-z0-9]+)\)", script, re.M)
+    assert len(steps) >= 10, steps
+    header = script.split("\nset -u", 1)[0]
+    readme = (BENCH / "README.md").read_text()
+    undocumented = [s for s in steps if not re.search(rf"^#\s+{s}\b", header, re.M) or f"`{s}`" not in readme]
+    assert not undocumented, f"device_run.sh steps missing from its header or from benchmarks/README.md: {undocumented}"
+
+
+def test_no_function_longer_than_80_lines():
+    long = []
+    for path in _bench_files(".py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, f"functions longer than {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """{module: the modules of benchmarks/ and benchmarks/tools/ it imports (anywhere in its file)}."""
+    files = {p.stem: p for p in sorted(BENCH.glob("*.py")) + sorted(TOOLS.glob("*.py"))}
+    assert len(files) == len(list(BENCH.glob("*.py"))) + len(list(TOOLS.glob("*.py"))), "two modules share a name"
+    graph = {}
+    for name, path in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                deps.add(node.module.split(".")[0])
+        graph[name] = deps & set(files)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of graph, or None (depth-first search, colours white/grey/black)."""
+    state = {}
+
+    def visit(node, path):
+        state[node] = "grey"
+        for dep in sorted(graph[node]):
+            if state.get(dep) == "grey":
+                return path[path.index(dep):] + [dep]
+            if dep not in state:
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
+        state[node] = "black"
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start, [start])
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle():
+    graph = _import_graph()
+    assert "timing" in graph["bench_cake_causal_conv1d_det"] and "timing" in graph["bench_cake_causal_conv1d_det_kcp"]
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]  # the search finds a circle when there is one
+    assert _cycle(graph) is None, f"import circle in benchmarks/: {' -> '.join(_cycle(graph))}"
+
+
+def test_only_the_timing_module_sleeps_the_gpu():
+    sleepers = [p.name for p in sorted(BENCH.glob("*.py")) if "_sleep(" in p.read_text()]
+    assert sleepers == ["timing.py"], sleepers
+
+
+def test_no_history_wording():
+    words = re.compile(r"\bsessions?\b|\bs\d+_call\d+|\bissues? \d+|\bcall \d+\b|\bv\d+[a-z]?\b(?![.\d])", re.I)
+    found = []
+    for path in _bench_files(".py", ".sh", ".md"):
+        if path.name == "NOTES.md":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if words.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()[:100]}")
+    assert not found, "history wording (sessions, calls, issue numbers, kernel versions):\n" + "\n".join(found)

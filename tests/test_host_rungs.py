@@ -1,4 +1,4 @@
-"""benchmarks/tools/host_rungs.py (issue 16's host time per rung; here on the CPU) runs and reports
+"""benchmarks/tools/host_rungs.py (the host time per call, rung by rung; here on the CPU) runs and reports
 every rung: a smoke test with a few steps (the tool sets TRITON_INTERPRET=1 itself, so it runs in a
 process of its own)."""
 

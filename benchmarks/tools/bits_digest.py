@@ -2,7 +2,7 @@
 
 Run it once per code version (PYTHONPATH=<that version>) and compare the printed lines: equal
 digests mean the two versions compute the same bits on every case. It is how a kernel change that
-must not move a bit ("bits unchanged", issue 17) is shown against main on the GPU, where the
+must not move a bit is shown against main on the GPU, where the
 sigmoid and the row loops run the code users run. The cases span the document mixes of the
 benchmark (every document of length 1, uniform 1-8 / 1-64 / 1-1,024, the seed mix, one document),
 C = 128, 512 and 2048 (8 and 24 with --small), with and without bias, bf16 / fp16 / fp32 x, FP32 and
@@ -12,7 +12,7 @@ configuration gives the same bits is tests/test_gpu.py's test_gpu_every_config_g
     python benchmarks/tools/bits_digest.py --out digests.txt              # GPU
     TRITON_INTERPRET=1 python benchmarks/tools/bits_digest.py --small     # CPU interpreter, small shapes
     python benchmarks/tools/bits_digest.py --shard 1/3                    # every third case, from the second
-    python benchmarks/tools/bits_digest.py --compare main.lines v20_*.log  # a version's lines against a reference's
+    python benchmarks/tools/bits_digest.py --compare main.lines new_*.log  # a version's lines against a reference's
 
 Shards print their lines in case order; sorting the lines of all shards gives one comparable list.
 
@@ -28,7 +28,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_cake_causal_conv1d_det import mix_lengths  # noqa: E402
+from doc_mixes import mix_lengths  # noqa: E402  (benchmarks/)
 
 import cakeconv  # noqa: E402
 

@@ -1,15 +1,14 @@
-"""Session-7 probe (one H200): host cost of the single-rank op beside a trivial autograd.Function.
+"""A short probe (one GPU) of the host cost of the single-rank op beside a trivial autograd.Function.
 
-Run by benchmarks/tools/calls/s7_call1.sh on the second GPU of the 2-H200 machine while the GPU tests ran
-on the first (the host was shared with 8 pytest workers): the 16-call chain at S = 4096, C = 256
-(ours, the trivial Function, silu), the no-grad forward, the workspace entry points, and the eager
-loop against GPU time at S = 250,340, C = 128 and 512. Writes $OUT/host_probe.json. The benchmark
-proper (bench_cake_causal_conv1d_det.py --host-cost --eager) measures the same on a quiet host.
-Session 11 (benchmarks/tools/calls/s11_call1.sh) runs it alone, on a quiet host, alternating two code versions (PYTHONPATH)
-as an A/B; PROBE_NAME names its output, $OUT/<PROBE_NAME>.json (default host_probe). PROBE_EAGER=0
-skips the eager-loop rows at S = 250,340 (session 12: a short A/B of the host cost alone).
+    OUT=/tmp/probe python benchmarks/tools/host_probe.py
+
+The 16-call chain at S = 4096, C = 256 (ours, the trivial Function, silu), the no-grad forward, the
+workspace entry points, and the eager loop against GPU time at S = 250,340, C = 128 and 512. Writes
+$OUT/<PROBE_NAME>.json (default host_probe). Quick enough to alternate two code versions
+(PYTHONPATH) as an A/B; PROBE_EAGER=0 skips the eager-loop rows (the host cost alone). The benchmark
+proper (bench_cake_causal_conv1d_det.py --host-cost --eager) measures the same with its full protocol.
 """
-import json, os, statistics, sys, time
+import json, os, statistics, time
 import torch
 import cakeconv
 from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_forward, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_backward_workspace_bytes

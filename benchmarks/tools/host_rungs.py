@@ -1,7 +1,7 @@
-"""Host time per call of the single-rank op, rung by rung, on the CPU or the GPU (issue 16).
+"""Host time per call of the single-rank op, rung by rung, on the CPU or the GPU.
 
 The Python above the driver is the same on the CPU and the GPU: the public function, the autograd
-Function, validation, allocation and the launchers. This tool times the issue's 16-call chain
+Function, validation, allocation and the launchers. This tool times the eager loop's 16-call chain
 (``y = op(y, w_i)``, one ``backward()`` per step, gradients reset; the GPU is idle at this size),
 taking away one rung at a time:
 
@@ -15,7 +15,7 @@ taking away one rung at a time:
     floor        an autograd.Function with this op's structure and no work: the same five inputs
                  and four saved operands, y allocated in the forward, dx, dweight and the workspace
                  in the backward, dx and dweight returned (what any op of this design costs)
-    trivial      an autograd.Function that returns ``x.clone()`` (the issue's baseline)
+    trivial      an autograd.Function that returns ``x.clone()`` (the host-cost baseline of the benchmark)
 
 S is tiny (the work is nothing); the trivial Function's clone costs what a small copy costs here.
 Wall time per call = median step time / 16 (on the GPU each step ends with a synchronize). The
@@ -63,7 +63,7 @@ SYNC = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
 
 # the benchmark's own baseline (forward: one clone; backward: identity), so both time the same thing
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from bench_cake_causal_conv1d_det import BaselineProvider  # noqa: E402
+from providers import BaselineProvider  # noqa: E402
 
 _TRIVIAL = BaselineProvider(torch, "trivial")._op
 

@@ -1,6 +1,6 @@
-"""Session-7 probe: torchrun --nproc-per-node 2 benchmarks/tools/kcp_probe.py
+"""A short KCP probe: OUT=/tmp/probe torchrun --nproc-per-node 2 benchmarks/tools/kcp_probe.py
 
-On 2 GPUs (NCCL): the issue-15 crash case (one document over the ranks, one segment each) and every
+On 2 GPUs (NCCL): one document over the ranks (one segment each) and every
 layout, bitwise against the single-rank op on every rank; then the host cost per KCP call (16-call
 chain, S_local = 4096, C = 256) beside the local op, and the GPU-time overhead of the exchange at
 S_local = 65,536, C = 4,096 (one call, host far ahead). Writes $OUT/kcp_probe.json.

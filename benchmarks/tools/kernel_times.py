@@ -3,7 +3,7 @@
 For each C: the device time of every kernel the call launches (median over repeats), their sum,
 and the call's wall time between CUDA events (the difference is launch gaps), and the main
 kernel's time against the pass's byte floor at the copy bandwidth measured in the same run. Uses
-the tuner's picks and the sweep's document mix (benchmarks/tools/sweep_configs.random_cu), or
+the tuner's picks and the sweep's document mix (benchmarks/doc_mixes.sweep_cu), or
 ``--doc-mix`` (the benchmark's mixes, e.g. ``seed``, ``uniform:1-8``; several, comma-separated).
 
     python benchmarks/tools/kernel_times.py --C 128,512 --out $OUT
@@ -13,38 +13,39 @@ the tuner's picks and the sweep's document mix (benchmarks/tools/sweep_configs.r
 import argparse
 import collections
 import json
+import os
 import statistics
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ncu_profile import mix_cu  # benchmarks/tools/ is on sys.path when run as a script (ncu_profile adds benchmarks/)
-from sweep_configs import HOST_AHEAD_CYCLES, evict_l2, l2_flush_buffer, random_cu
-from bench_cake_causal_conv1d_det import FLOOR_FACTOR, Timer, measure_copy_bandwidth  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the shared modules
+from doc_mixes import mix_cu, sweep_cu  # noqa: E402
+from environment import run_environment  # noqa: E402
+from measures import FLOOR_FACTOR  # noqa: E402
+from timing import HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth  # noqa: E402
 
-from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch  # noqa: E402
 
 REPS = 10
 
 
-def profile_call(fn, flush):
+def profile_call(fn, clock):
     """({kernel name: [device ms per call]}, [wall ms per call]); the host is queued ahead of each
-    call (``HOST_AHEAD_CYCLES`` of sleep), so the wall time holds the GPU's gaps, not the host's."""
+    call and the L2 evicted (benchmarks/timing.py), so the wall time holds the GPU's gaps, not the host's."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
+    clock.sync()
     walls = []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPS):
-            evict_l2(flush)
-            torch.cuda._sleep(HOST_AHEAD_CYCLES)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+            clock.before_call(HOST_AHEAD_MIN_US)
+            m0 = clock.mark()
             fn()
-            e.record()
-            e.synchronize()
-            walls.append(s.elapsed_time(e))
+            m1 = clock.mark()
+            clock.sync()
+            walls.append(clock.elapsed_ms(m0, m1))
     per_kernel = collections.defaultdict(list)
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and "cake_conv" in ev.name:
@@ -60,15 +61,17 @@ def main():
     ap.add_argument("--doc-mix", default=None, help="benchmark mixes, comma-separated (default: the sweep's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    flush = l2_flush_buffer()
-    dev = torch.device("cuda")  # the benchmark's copy measurement (its default 2 GiB, L2 flushed), so the fractions compare
-    copy_gbs, _ = measure_copy_bandwidth(torch, dev, Timer(dev, flush=True, host_ahead_us=0), 2 * 2**30, 10)
-    print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
+    dev = torch.device("cuda")
+    clock = DeviceClock(torch, dev, flush=True)
+    copy_gbs, _ = copy_bandwidth(torch, clock, 2 * 2**30, 10, 0.0)  # the benchmark's copy (2 GiB), so fractions compare
+    env = run_environment(torch, dev, "cpu")
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s | {env['gpu']} | torch {env['torch']} | triton {env['triton']} | "
+          f"commit {env['commit']} | {env['date']}", flush=True)
     rows = []
     S = args.S
     mixes = [None] if args.doc_mix is None else args.doc_mix.split(",")
     for mix, C in [(m, int(c)) for m in mixes for c in args.C.split(",")]:
-        cu = random_cu(S, C) if mix is None else mix_cu(S, mix, seed=C)
+        cu = sweep_cu(S, C) if mix is None else mix_cu(S, mix, seed=C)
         x = torch.randn(S, C, device="cuda").bfloat16()
         dy = torch.randn(S, C, device="cuda").bfloat16()
         y, dx = torch.empty_like(x), torch.empty_like(x)
@@ -80,7 +83,7 @@ def main():
         calls = {"fwd": lambda: triton_launch.triton_forward(x, w, b, cu, None, y),
                  "bwd": lambda: triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db)}
         for name, fn in calls.items():
-            per_kernel, walls = profile_call(fn, flush)
+            per_kernel, walls = profile_call(fn, clock)
             kern = {k: statistics.median(v) for k, v in per_kernel.items()}
             wall = statistics.median(walls)
             floor_ms = FLOOR_FACTOR[name] * S * C * x.element_size() / (copy_gbs * 1e6)  # the pass's bytes at the copy rate
@@ -95,7 +98,7 @@ def main():
     if args.out:
         with open(f"{args.out}/kernel_times.jsonl", "w") as f:
             for r in rows:
-                r.update(gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+                r.update({k: env[k] for k in ("gpu", "torch", "triton", "date", "commit")})
                 f.write(json.dumps(r) + "\n")
     return 0
 

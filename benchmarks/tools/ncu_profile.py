@@ -5,7 +5,8 @@
 
 Launches, per C: the forward and the backward with the tuner's picks, plus a device-to-device copy
 of the same bytes. The counters are ncu's output; this script only launches. ``--doc-mix`` takes a
-mix of the benchmark (e.g. ``uniform:1-8``, ``ones``); without it, the sweep's document lengths.
+mix of the benchmark (e.g. ``uniform:1-8``, ``ones``); without it, the sweep's document lengths
+(benchmarks/doc_mixes.py).
 """
 
 import argparse
@@ -14,18 +15,11 @@ import sys
 
 import torch
 
-from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning
-from sweep_configs import random_cu  # the same document mix as the sweep (benchmarks/tools/ is on sys.path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the shared modules
+from doc_mixes import mix_cu, sweep_cu  # noqa: E402
+from environment import run_environment  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench_cake_causal_conv1d_det import mix_lengths, parse_mix  # noqa: E402  (benchmarks/)
-
-
-def mix_cu(S, mix, seed):
-    """cu_seqlens of the benchmark's document mix ``mix`` (int32, on the GPU)."""
-    lens = mix_lengths(parse_mix(mix), S, seed, mean_len=3000)
-    cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0)
-    return cu.to(torch.int32).cuda()
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning  # noqa: E402
 
 
 def main():
@@ -35,6 +29,9 @@ def main():
     ap.add_argument("--bias", choices=("yes", "no"), default="yes")
     ap.add_argument("--doc-mix", default=None, help="a benchmark mix, e.g. uniform:1-8 (default: the sweep's)")
     args = ap.parse_args()
+    env = run_environment(torch, torch.device("cuda"), "cpu")
+    print(f"# {env['gpu']} | torch {env['torch']} | triton {env['triton']} | commit {env['commit']} | {env['date']}",
+          flush=True)
     S = args.S
     for C in [int(c) for c in args.C.split(",")]:
         x = torch.randn(S, C, device="cuda").bfloat16()
@@ -42,7 +39,7 @@ def main():
         y, dx = torch.empty_like(x), torch.empty_like(x)
         w = torch.randn(C, 4, device="cuda")
         b = torch.randn(C, device="cuda") if args.bias == "yes" else None
-        cu = random_cu(S, C) if args.doc_mix is None else mix_cu(S, args.doc_mix, seed=C)
+        cu = sweep_cu(S, C) if args.doc_mix is None else mix_cu(S, args.doc_mix, seed=C)
         print(f"C={C} documents {cu.numel() - 1} ({args.doc_mix or 'sweep mix'})", flush=True)
         ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
         dw = torch.empty(C, 4, device="cuda")

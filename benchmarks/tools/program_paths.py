@@ -10,7 +10,7 @@ searching row block late in S runs in the grid's last wave.
 
     python benchmarks/tools/program_paths.py --rows 250340x1536,262144x1536
 
-Uses the benchmark's own document lengths (bench_cake_causal_conv1d_det.doc_lengths, same seed).
+Uses the benchmark's own document lengths (the seed mix of benchmarks/doc_mixes.py, same seed).
 """
 
 import argparse
@@ -18,8 +18,9 @@ import bisect
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the benchmark
-import bench_cake_causal_conv1d_det as bench  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the benchmark's modules
+from doc_mixes import doc_lengths  # noqa: E402
+from shapes import shape_seed  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, common as triton_common, tuning  # noqa: E402
 
@@ -50,7 +51,7 @@ def main():
     args = ap.parse_args()
     for item in args.rows.split(","):
         S, C = (int(v) for v in item.split("x"))
-        lens = bench.doc_lengths(S, bench.shape_seed(args.seed, S, C), args.mean_doc_len)
+        lens = doc_lengths(S, shape_seed(args.seed, S, C), args.mean_doc_len)
         cu = [0]
         for n in lens:
             cu.append(cu[-1] + n)

@@ -1,7 +1,7 @@
 """SASS instructions per element of the backward's row loops at C = 512 (segment-index variant),
-for backward configurations with 1, 2 and 4 channels per thread (issue 17; no GPU needed).
+for backward configurations with 1, 2 and 4 channels per thread (no GPU needed).
 
-The masked loops of short documents are issue-bound (benchmarks/NOTES.md, session 12's ncu): a
+The masked loops of short documents are bound by instruction issue (ncu; benchmarks/NOTES.md): a
 row's mask comparisons are made once per thread, so a thread holding more channels of the row
 shares them. This compiles each configuration for sm_90 and prints, per configuration, the
 registers, the instructions per element of the unmasked loop and of the two masked loops

@@ -3,7 +3,7 @@
 Compiles the kernels for sm_90 on any machine (no GPU), disassembles them with the cuobjdump that
 Triton ships, finds the two largest loops (backward branches: the masked and the unmasked row
 loop) and divides their instruction counts by the elements a thread handles per loop step. The
-unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md (v5 candidate).
+unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md.
 
     python benchmarks/tools/sass_loop_count.py            # instructions per element (C = 512 picks), both
                                                           # segment lookups of many-segment programs
@@ -70,9 +70,8 @@ def row_loops(sass):
     with preloaded boundaries (programs touching at most FEW_SEGMENTS segments; in a STEP_BRANCH
     backward this loop holds both the masked and the unmasked step body); masked with a segment
     lookup per row (more segments: a binary search, or per-token segment indices) in the first and
-    last row blocks, with row-bounds checks; the same in every other row block, without them (since
-    session 18 in the forward, 19 in the backward); unmasked.
-    (Until session 10 they were told apart by size, which swapped the first two in the backward.)"""
+    last row blocks, with row-bounds checks; the same in every other row block, without them; unmasked.
+    (They are told apart by address, not by size: by size the first two swap in the backward.)"""
     return dict(zip(LOOP_NAMES, sorted(largest_loops(sass, len(LOOP_NAMES)), key=lambda loop: loop[0][0])))
 
 

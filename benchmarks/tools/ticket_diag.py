@@ -1,12 +1,12 @@
-"""Session 15 (issue 16): which backward configuration breaks the group tickets at many channel blocks?
+"""Which backward configuration, if any, breaks the group tickets at many channel blocks (GPU)?
 
-`test_gpu_every_config_gives_the_same_bits[4096]` failed on the GPU for v16 and v17 (its message lost to the call's
-limit). This runs what that test runs (S = 100,003, documents of mean 700 tokens, bias) for C in CD_CS (default
+A diagnosis of `test_gpu_every_config_gives_the_same_bits` outside the test harness. This runs what that test
+runs (S = 100,003, documents of mean 700 tokens, bias) for C in CD_CS (default
 1160,2048,4096), every configuration of tuning.BWD_CONFIGS, ROUNDS (2) times each, and for every launch reports
 against the host's redo of the documented order from the nodes the launch wrote (tests/helpers.py): the group sums
 (which groups and channel blocks differ), dweight/dbias, and dx, dw and db against the first configuration's (the inputs from tests/test_gpu.py's own helpers). The
 ticket counters are checked to be 0 after each launch. Prints one line per launch; no GPU test harness, so nothing
-is lost to a cut run. Writes $OUT/<CD_NAME>.txt (CD_NAME default ticket_diag).
+is lost when a run is cut short. Writes $OUT/<CD_NAME>.txt (CD_NAME default ticket_diag).
 """
 import os
 import sys

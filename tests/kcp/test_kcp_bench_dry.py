@@ -1,4 +1,4 @@
-"""The KCP benchmark's --dry-run on 2 CPU ranks over gloo (tier 3): what CI runs of issue 7.
+"""The KCP benchmark's --dry-run on 2 CPU ranks over gloo (tier 3): what CI runs of the KCP benchmark.
 
 benchmarks/bench_cake_causal_conv1d_det_kcp.py is launched with torchrun on the GPU machine; here its
 ``run(argv)`` is called inside the ranks of the test harness (tests/kcp/_dist.py), which have already
@@ -7,7 +7,7 @@ Checked on every rank: each (layout, form) row reports bitwise equality of the K
 single-rank op; rank 0 wrote the JSON-lines file with 3 layouts x 2 forms timing rows, each with its
 GPU-time, eager-loop and host-cost figures (KCP and local op). A second run
 breaks the KCP op's y on rank 1 only and checks that every rank reports that failure (so a
-``bitwise`` column of True is a verdict, not a constant).
+``bitwise`` column of True is a verdict, not a constant); it names its files (``--name``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,12 @@ def _dry_run_on_rank(rank, world, out_dir):
     if rank == 0:
         lines = _read_jsonl(os.path.join(out_dir, f"bench_cake_causal_conv1d_det_kcp_p{world}.jsonl"))
         assert lines[0]["kind"] == "env" and lines[0]["gpu"] == "cpu", lines[0]
+        env = lines[0]
+        assert env["date"] and env["torch"] and "commit" in env and "triton" in env, env
         written = sorted((r["layout"], r["form"], r["P"], r["bitwise"]) for r in lines if r["kind"] == "timing")
         for r in lines[1:]:
+            # every row carries the run: date, commit, GPU, versions
+            assert all(r[k] == env[k] for k in ("date", "commit", "gpu", "torch", "triton", "cakeconv")), r
             # the timings are real numbers and the overhead is derived from them
             assert r["fwdbwd_ms"] > 0 and r["local_fwdbwd_ms"] > 0, r
             expected = 100.0 * (r["fwdbwd_ms"] - r["local_fwdbwd_ms"]) / r["local_fwdbwd_ms"]
@@ -82,10 +86,11 @@ def _broken_on_rank(rank, world, out_dir):
     cakeconv.cake_causal_conv1d_det_kcp = shifted
     try:
         rows = _load_bench().run(["--dry-run", "--layouts", "zigzag", "--eager-steps", "0", "--host-steps", "0",
-                                  "--out", out_dir])
+                                  "--out", out_dir, "--name", "kcp_named"])
     finally:
         cakeconv.cake_causal_conv1d_det_kcp = good
-    return sorted((r["form"], r["bitwise"], tuple(r["bitwise_failed_ranks"])) for r in rows)
+    named = sorted(os.listdir(out_dir)) if rank == 0 else None
+    return sorted((r["form"], r["bitwise"], tuple(r["bitwise_failed_ranks"])) for r in rows), named
 
 
 @pytest.mark.dist
@@ -102,5 +107,7 @@ def test_kcp_bench_dry_run_bitwise_and_files(tmp_path):
 @pytest.mark.dist
 def test_kcp_bench_dry_run_reports_a_mismatch_on_every_rank(tmp_path):
     results = run_on_ranks(_broken_on_rank, 2, str(tmp_path / "broken"), timeout_s=60)
-    for rank, rows in enumerate(results):
+    for rank, (rows, _) in enumerate(results):
         assert rows == [("multi", True, ()), ("single", False, (1,))], f"rank {rank}: {rows}"
+    # --name: rank 0 wrote the files under that stem
+    assert {"kcp_named.jsonl", "kcp_named.csv", "kcp_named_table.txt"} <= set(results[0][1]), results[0][1]
