@@ -175,6 +175,9 @@ def _check_fn_args(x, weight, bias, seq_idx, initial_states, return_final_states
         raise ValueError(f"weight must be [D, W] with W >= 1, got shape {tuple(weight.shape)}")
     if bias is not None:
         _check_tensor("bias", bias, (D,), x.device)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     _check_activation(activation)
     if seq_idx is not None:
         _check_index("seq_idx", seq_idx, (B, T), x.device)
@@ -343,8 +346,10 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
                          activation) is None:
         return _cake_fn(x, weight, bias, seq_idx, backend)
     dao = dao_causal_conv1d() if x.is_cuda else None
-    delegate = dao[0] if dao is not None else torch_causal_conv1d_fn
-    return delegate(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out, activation)
+    if dao is None:
+        return torch_causal_conv1d_fn(x, weight, bias, seq_idx, initial_states, return_final_states,
+                                      final_states_out, activation)
+    return dao[0](x, weight, bias, _int32(seq_idx), initial_states, return_final_states, final_states_out, activation)
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
@@ -356,8 +361,14 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     """
     _check_update_args(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
     dao = dao_causal_conv1d() if x.is_cuda else None
-    delegate = dao[1] if dao is not None else torch_causal_conv1d_update
-    return delegate(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
+    if dao is None:
+        return torch_causal_conv1d_update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
+    return dao[1](x, conv_state, weight, bias, activation, _int32(cache_seqlens), _int32(conv_state_indices))
+
+
+def _int32(t):
+    """An index tensor as causal-conv1d takes it (int32, contiguous), or None."""
+    return None if t is None else t.to(torch.int32).contiguous()
 
 
 # ------------------------------------------------------------------ the PyTorch implementations

@@ -22,9 +22,10 @@ transformers holds the function in one of two ways, and the swap handles both:
    that global (through its decorators too) is replaced by a copy of itself, with the same code and
    decorators, whose globals are those of its modeling module with ``causal_conv1d_fn`` bound to
    cakeconv's. Only the swapped instances change: another instance of the same class, in the same
-   process, keeps transformers' function. The copies see the module's globals as they were when
-   the class was first swapped. The subclass keeps the class's name, so model code that checks
-   class names is unaffected; ``is_swapped(module)`` tells. The decode step
+   process, keeps transformers' function. The copies see the module's globals as they were at
+   the latest ``swap_causal_conv1d`` call (a name of the modeling module patched after it is not
+   seen by swapped methods until the next call). The subclass keeps the class's name, so model
+   code that checks class names is unaffected; ``is_swapped(module)`` tells. The decode step
    (``causal_conv1d_update``) stays transformers' own: Dao's when installed, else its PyTorch one.
 
 In the second form the layer passes its keyword arguments on (``**kwargs``, transformers'
@@ -109,16 +110,29 @@ def _reads_global(code: types.CodeType, name: str) -> bool:
 
 
 def _globals_for(fn_globals: dict, cake_backend: str) -> dict:
-    """The modeling module's globals with ``causal_conv1d_fn`` bound to cakeconv's (one copy per
-    module and backend, taken the first time)."""
+    """The modeling module's globals with ``causal_conv1d_fn`` bound to cakeconv's: one copy per
+    module and backend, which every ``swap_causal_conv1d`` call refreshes (``_refresh_globals``)."""
     key = (id(fn_globals), cake_backend)
     entry = _GLOBALS.get(key)
     if entry is None or entry[0] is not fn_globals:
-        replaced = dict(fn_globals)
-        replaced[FN_NAME] = CakeCausalConv1dForTransformers(fn_globals[FN_NAME], cake_backend)
-        entry = (fn_globals, replaced)  # holds the original: its id stays unique
+        entry = (fn_globals, {}, cake_backend)  # holds the original: its id stays unique
         _GLOBALS[key] = entry
+        _refresh(entry)
     return entry[1]
+
+
+def _refresh(entry) -> None:
+    """Copy the module's current globals into the replaced ones (the same dict, which the swapped
+    methods hold), ``causal_conv1d_fn`` bound to cakeconv's in front of the module's current one."""
+    fn_globals, replaced, cake_backend = entry
+    replaced.clear()
+    replaced.update(fn_globals)
+    replaced[FN_NAME] = CakeCausalConv1dForTransformers(fn_globals[FN_NAME], cake_backend)
+
+
+def _refresh_globals() -> None:
+    for entry in _GLOBALS.values():
+        _refresh(entry)
 
 
 def _copy_function(fn: types.FunctionType, fn_globals: dict, closure) -> types.FunctionType:
@@ -274,6 +288,7 @@ def swap_causal_conv1d(model: nn.Module, *, cake_backend: str = "auto") -> int:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(cake_backend, str) or cake_backend not in CAKE_BACKENDS:
         raise ValueError(f"cake_backend must be one of {CAKE_BACKENDS}, got {cake_backend!r}")
+    _refresh_globals()
     swapped = 0
     for module in model.modules():
         changed = _swap_attribute(module, cake_backend)
