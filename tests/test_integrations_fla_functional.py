@@ -7,14 +7,15 @@ Tiers (cheapest first):
    other call reaches FLA's function unchanged (a recording stand-in is put where the module looks
    FLA's function up); user errors; an FLA context without a group runs one rank on its local
    ``cu_seqlens`` (as FLA does).
-2. gloo, 2 ranks, no fla needed: with an FLA context (its fields made by FLA's builder in this
-   process where fla is importable, else by tests/kcp/test_kcp_fla_context.py's stand-in), the
-   function and a swapped module (``CakeShortConvolutionMixin`` over a ShortConvolution-shaped
-   base) give y and dx bitwise the single-rank op's on every rank, for both of FLA's layouts,
-   with a residual, BF16 and FP32 taps; the all-reduced parameter gradients within tolerance of
-   the single-rank ones; a second call with the same FLA context makes no collective.
-3. gloo, 2 ranks, fla importable (skipped otherwise): the same with ``fla.ops.cp.build_cp_context``
-   run on the ranks, FLA's real ``ShortConvolution`` swapped, and ``copy_for_backward()``.
+2. gloo, 2 ranks: with an FLA context, the function and a swapped module give y and dx bitwise
+   the single-rank op's on every rank, for both of FLA's layouts, with a residual, BF16 and FP32
+   taps; the all-reduced parameter gradients within tolerance of the single-rank ones; a second
+   call with the same FLA context makes no collective. Where fla is importable, the ranks build
+   their contexts with ``fla.ops.cp.build_cp_context``, swap FLA's real ``ShortConvolution`` and
+   also run ``copy_for_backward()`` contexts; without fla, they get the fields of
+   tests/kcp/test_kcp_fla_context.py's stand-in builder and a ShortConvolution-shaped base
+   (``CakeShortConvolutionMixin`` in front of it). (tests/kcp/test_kcp_fla_context.py runs the
+   derivation itself with 2-4 ranks either way.)
 
 Shape legend: T global tokens, S local rows, D channels, N sequences.
 """
@@ -281,12 +282,10 @@ def _functional_cp_fla(rank, world, cases):
 
 @pytest.mark.dist
 def test_cp_context_bitwise_on_every_rank():
+    """With fla importable the ranks build their contexts with FLA's build_cp_context and swap FLA's
+    ShortConvolution; without it, they get the stand-in fields and the ShortConvolution-shaped base."""
+    if _fla_cp_builder() is not None:  # asked here, not at import: the spawned ranks import this module
+        assert run_on_ranks(_functional_cp_fla, 2, CP_CASES, timeout_s=240) == [True, True]
+        return
     fields_by_case = [context_fields(cu, 2, layout) for layout, cu in CP_CASES]
     assert run_on_ranks(_functional_cp_stand_in, 2, CP_CASES, fields_by_case, timeout_s=180) == [True, True]
-
-
-@pytest.mark.dist
-def test_cp_context_from_flas_builder_bitwise_on_every_rank():
-    if _fla_cp_builder() is None:  # asked here, not at import: the spawned ranks import this module
-        pytest.skip("flash-linear-attention (fla 0.6.0) is not importable")
-    assert run_on_ranks(_functional_cp_fla, 2, CP_CASES, timeout_s=240) == [True, True]

@@ -10,8 +10,9 @@ Tiers:
   rows are FLA's local buffer in order, and the all-reduced dweight/dbias are within FP32
   reordering of the single-rank ones (partial sums), for both layouts: documents across ranks,
   1-3-token documents, empty ones, one document over every rank, one token per part (multi-hop
-  halos). A second call with the same FLA context makes no collective; a copy derives again;
-  contexts of the ranks that do not describe one batch raise on every rank.
+  halos). A second call with the same FLA context makes no collective; a copy, and a context
+  changed in place, derive again; contexts of the ranks that do not describe one batch raise on
+  every rank.
 - GPU (marked ``gpu``, needs fla): one NCCL rank, contexts from ``fla.ops.cp.build_cp_context``.
 
 The FLA contexts of the gloo tier are made by FLA's own builder where fla is importable
@@ -250,6 +251,16 @@ def _check_from_fla(rank, world, cases, fields_by_case, bad_cases):
         before = count.n
         again = KcpContext.from_fla(copy)
         assert again is not ctx and count.n > before and again.global_cu_seqlens == ctx.global_cu_seqlens
+        # a context changed in place (as FLA's CUDA-graph mode refreshes cu_seqlens) derives again
+        fla_ctx.cu_seqlens.add_(0)
+        before = count.n
+        refreshed = KcpContext.from_fla(fla_ctx)
+        assert refreshed is not ctx and count.n > before and refreshed.global_cu_seqlens == ctx.global_cu_seqlens
+        assert KcpContext.from_fla(fla_ctx) is refreshed
+        layout, cu = cases[2]  # its fields set to another batch's: that batch's context
+        for name, value in vars(make_context(fields_by_case[2][rank], group)).items():
+            setattr(fla_ctx, name, value)
+        check_against_single(rank, KcpContext.from_fla(fla_ctx), cu, 98, torch.float32, "reference")
         # an FLA context that is garbage-collected leaves the cache
         cached = len(from_fla._CACHE)
         del fla_ctx, copy

@@ -27,9 +27,11 @@ layouts or share lengths between ranks) raises ValueError on every rank after th
 all-gather, so no rank is left waiting.
 
 The derived context is cached per FLA context object (keyed by its id and the device; the entry is
-dropped when the FLA context is garbage-collected): later calls with the same object do no host
-work and no collective. ``FLACPContext.copy_for_backward()`` makes a new object, which derives
-again (a collective: every rank must do the same).
+dropped when the FLA context is garbage-collected): later calls with the same object do no
+collective and no work beyond comparing a few fields. ``FLACPContext.copy_for_backward()`` makes a
+new object, which derives again (a collective: every rank must do the same); so does a context
+changed in place since (its ``cu_seqlens`` tensors written, a field set), at its next use. SPMD
+code changes its contexts on every rank alike, so every rank derives again at the same call.
 """
 
 from __future__ import annotations
@@ -78,21 +80,39 @@ def kcp_context_from_fla(fla_context, *, device=None) -> KcpContext:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = (id(fla_context), device)
+    snapshot = _snapshot(fla_context)
     with _CACHE_LOCK:
         entry = _CACHE.get(key)
-    if entry is not None and entry[0]() is fla_context:
-        return entry[1]
+    if entry is not None and entry[0]() is fla_context and _same(entry[1], snapshot):
+        return entry[2]
 
     ctx = _derive(fla_context, group, device)
     with _CACHE_LOCK:
-        _CACHE[key] = (weakref.ref(fla_context), ctx)
-    weakref.finalize(fla_context, _forget, key)
+        known = key in _CACHE
+        _CACHE[key] = (weakref.ref(fla_context), snapshot, ctx)
+    if not known:
+        weakref.finalize(fla_context, _forget, key)
     return ctx
 
 
 def _forget(key) -> None:
     with _CACHE_LOCK:
         _CACHE.pop(key, None)
+
+
+def _snapshot(fla_context) -> tuple:
+    """What the derivation read: the group and tables (compared by identity), the tensors' in-place
+    version counters and the scalar fields. A context changed in place since (FLA's CUDA-graph mode
+    refreshes ``cu_seqlens`` in place) no longer matches and is derived again at its next use."""
+    tensors = (fla_context.cu_seqlens, fla_context.cu_seqlens_cpu)
+    versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in tensors)
+    fields = (fla_context.layout, fla_context.pre_num_conv_tokens, fla_context.part_len, fla_context.front_num_seqs,
+              fla_context.pre_num_conv_tokens_by_part)
+    return (fla_context.group, *tensors), versions + fields
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return all(x is y for x, y in zip(a[0], b[0])) and a[1] == b[1]
 
 
 def _check_fla_fields(fla_context):
