@@ -73,7 +73,7 @@ def _fla_autotuning_first_candidate(request):
     """GPU tests: each of FLA's autotuned kernels runs the first configuration its own pruning keeps.
 
     FLA 0.6.0 ships no tuned configurations for the H200, so every kernel compiles and times all of
-    its candidates on first use: 5 of these tests took 450 s on an H200 (session 9). These tests
+    its candidates on first use: 5 of these tests took 450 s on an H200. These tests
     compare a swapped model with an unswapped one; both run the same FLA kernels with the same
     configuration either way, so the configuration chosen does not matter to what they check.
     examples/train_fla_model.py, which times steps, keeps FLA's own autotuning.
