@@ -170,7 +170,8 @@ def test_user_errors():
     context = FlaContextStandIn(group=None, cu_seqlens=cu, cu_seqlens_cpu=cu)
     with pytest.raises(ValueError, match="cake_backend"):
         causal_conv1d(x, w, activation="silu", cake_backend="cuda")
-    with pytest.raises(ValueError, match=r"with cu_seqlens, x must be packed as \[1, S, D\]; got x of shape \(2, 5, 8\)"):
+    packed = r"with cu_seqlens, x must be packed as \[1, S, D\]; got x of shape \(2, 5, 8\)"
+    with pytest.raises(ValueError, match=packed):
         causal_conv1d(x, w, activation="silu", cu_seqlens=cu)
     with pytest.raises(ValueError, match=r"with cp_context, x must be this rank's rows as \[1, S, D\]"):
         causal_conv1d(x, w, activation="silu", cp_context=context)

@@ -85,6 +85,7 @@ import torch
 import torch.nn as nn
 
 from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp, is_cake_causal_conv1d_det_train_supported
+from ..cake_causal_conv1d_det_train_backend.kcp.from_fla import FLA_CONTEXT_FIELDS, FLA_LAYOUTS
 
 # CakeShortConvolution is public too, but left out of __all__: it is built by importing fla, and
 # `from cakeconv.integrations.fla import *` must work without fla.
@@ -101,10 +102,7 @@ SILU_ACTIVATIONS = ("silu", "swish")
 CAKE_BACKENDS = ("auto", "triton", "reference")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
-FLA_CP_LAYOUTS = ("contiguous", "zigzag")
-# The fields of fla.ops.cp.FLACPContext that the cakeconv path reads (KcpContext.from_fla).
-_FLA_CP_FIELDS = ("group", "layout", "cu_seqlens", "cu_seqlens_cpu", "pre_num_conv_tokens", "part_len",
-                  "front_num_seqs", "pre_num_conv_tokens_by_part")
+FLA_CP_LAYOUTS = tuple(FLA_LAYOUTS)  # the FLA layouts KcpContext.from_fla derives
 
 _FLA_HINT = ("cakeconv.integrations.fla needs flash-linear-attention (the `fla` package, 0.6.0): "
              "pip install flash-linear-attention==0.6.0 (it brings fla-core, einops and transformers)")
@@ -154,7 +152,7 @@ def _cp_context_reason(cp_context) -> str | None:
     """Why a ``cp_context`` sends a call to FLA, or None (no context, or one cakeconv derives its own from)."""
     if cp_context is None:
         return None
-    missing = [name for name in _FLA_CP_FIELDS if not hasattr(cp_context, name)]
+    missing = [name for name in FLA_CONTEXT_FIELDS if not hasattr(cp_context, name)]
     if missing:
         return f"cp_context of type {type(cp_context).__name__} is not FLA's FLACPContext (no {', '.join(missing)})"
     if cp_context.layout not in FLA_CP_LAYOUTS:

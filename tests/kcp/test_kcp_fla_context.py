@@ -319,7 +319,8 @@ def test_inconsistent_tables_raise():
     b = fla_context_fields([0, 6, 16], P, 1, "contiguous")
     encoded = [from_fla.encode_parts(*from_fla.local_parts(make_context(f, None), r, P), P)
                for r, f in enumerate([a[0], b])]
-    with pytest.raises(ValueError, match="rank 1's part starting at token 8 continues a document that starts at token 6"):
+    expected = "rank 1's part starting at token 8 continues a document that starts at token 6"
+    with pytest.raises(ValueError, match=expected):
         from_fla.global_cu_seqlens([e[0] for e in encoded], [e[1] for e in encoded])
     bad = make_context(dict(a[1], pre_num_conv_tokens=9), None)
     with pytest.raises(ValueError, match="pre_num_conv_tokens = 9"):
@@ -342,8 +343,8 @@ def test_stand_in_builder_agrees_with_flas():
         cu = sorted([min(c, T) for c in random_cu_seqlens(rng, rng.randint(1, 2 * T), rng.choice([3, T]))] + [T])
         cu_N = torch.tensor(cu, dtype=torch.int32)
         for r in range(P):
-            assert _fields_of(builder(cu_N, world_size=P, rank=r, layout=layout)) == fla_context_fields(cu, P, r, layout), \
-                (cu, P, r, layout)
+            theirs = _fields_of(builder(cu_N, world_size=P, rank=r, layout=layout))
+            assert theirs == fla_context_fields(cu, P, r, layout), (cu, P, r, layout)
 
 
 # ----------------------------------------------------------------------------------- GPU tier
@@ -351,8 +352,8 @@ def test_stand_in_builder_agrees_with_flas():
 
 @pytest.fixture(scope="module")
 def nccl_group():
-    for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ.setdefault(var, val)
+    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")  # no NVLink multicast
     if dist.is_initialized():  # another module's group of the same process
         yield dist.group.WORLD
         return

@@ -634,8 +634,8 @@ def fla_context(env, chk):
     except Exception:  # ImportError, or a dependency of fla failing to load
         builder = None
     if env.rank == 0:
-        print(f"{env.tag()} fla_context: FLA contexts from {'fla.ops.cp.build_cp_context' if builder else 'the stand-in'}",
-              flush=True)
+        source = "fla.ops.cp.build_cp_context" if builder else "the stand-in"
+        print(f"{env.tag()} fla_context: FLA contexts from {source}", flush=True)
     rng = random.Random(23)
     P, C = env.world, env.C
     T = env.T // (2 * P) * (2 * P)  # FLA's builder needs T % P == 0 (contiguous), T % 2P == 0 (zigzag)
@@ -673,7 +673,8 @@ def one_document(env, chk):
     P = env.world
     T = env.T
     # one document of T = 32,768 tokens, contiguous (one segment per rank), C = 512, bf16, no bias
-    ctx = run_case(env, chk, "one document, contiguous", [0, T], layout="contiguous", C=env.C_one_doc, bias=False, seed=300)
+    ctx = run_case(env, chk, "one document, contiguous", [0, T], layout="contiguous", C=env.C_one_doc, bias=False,
+                   seed=300)
     chk.expect(ctx.num_segments == 1, f"one document contiguous: num_segments = {ctx.num_segments}, expected 1")
     run_case(env, chk, "one document, zigzag", [0, T], layout="zigzag", seed=302)
     # tiny local shares with one segment: the integer values Triton specializes (1, a multiple of 16)

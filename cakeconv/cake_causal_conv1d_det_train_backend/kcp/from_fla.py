@@ -46,6 +46,9 @@ import torch.distributed as dist
 from .context import KcpContext, _collective_device, build_kcp_context
 
 FLA_LAYOUTS = {"contiguous": 0, "zigzag": 1}
+# The fields of FLA 0.6.0's FLACPContext that the derivation reads.
+FLA_CONTEXT_FIELDS = ("group", "layout", "cu_seqlens", "cu_seqlens_cpu", "pre_num_conv_tokens", "part_len",
+                      "front_num_seqs", "pre_num_conv_tokens_by_part")
 _HEADER = 11  # ok, layout id, P, part length, parts, then (slot, pre_num_conv_tokens, inner count) x 2
 
 # (id(fla_context), device) -> (weakref to the FLA context, its KcpContext)
@@ -117,9 +120,7 @@ def _same(a: tuple, b: tuple) -> bool:
 
 def _check_fla_fields(fla_context):
     """The context's process group; ValueError when it is not an FLA CP context with one."""
-    needed = ("group", "layout", "cu_seqlens", "cu_seqlens_cpu", "pre_num_conv_tokens", "part_len",
-              "front_num_seqs", "pre_num_conv_tokens_by_part")
-    missing = [name for name in needed if not hasattr(fla_context, name)]
+    missing = [name for name in FLA_CONTEXT_FIELDS if not hasattr(fla_context, name)]
     if missing:
         raise ValueError(f"expected an FLA context (fla.ops.cp.FLACPContext), got {type(fla_context).__name__} "
                          f"without {', '.join(missing)}")
