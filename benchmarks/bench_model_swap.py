@@ -199,7 +199,8 @@ def variants(args, config, device, dtype, batch):
                      f"cakeconv ({n_swapped} layers swapped)"),
     }
     if dao is not None:
-        out["dao"] = (make_step(build_model(config, device, dtype), batch, dao_forced), "Dao's causal_conv1d_fn, forced")
+        forced = build_model(config, device, dtype)
+        out["dao"] = (make_step(forced, batch, dao_forced), "Dao's causal_conv1d_fn, forced")
     return out
 
 
@@ -281,10 +282,11 @@ def main(argv=None) -> dict:
     for name, (_, runs) in subjects.items():
         rows[name]["runs"] = runs
     tokens = args.batch * args.seq_len
-    result = {"env": environment(device), "config": {**{k: v for k, v in vars(args).items() if k != "out"},
-                                                     "dtype": str(dtype), "delta_rule": delta_rule,
-                                                     "conv_channels": config.linear_key_head_dim * config.linear_num_key_heads * 2
-                                                     + config.linear_value_head_dim * config.linear_num_value_heads},
+    channels = (2 * config.linear_key_head_dim * config.linear_num_key_heads
+                + config.linear_value_head_dim * config.linear_num_value_heads)
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    result = {"env": environment(device),
+              "config": {**settings, "dtype": str(dtype), "delta_rule": delta_rule, "conv_channels": channels},
               "tokens_per_step": tokens, "rows": rows}
     print(f"Qwen3-Next, hidden {args.hidden}, {args.layers} layers ({args.layer_mix}), {args.batch} x {args.seq_len} "
           f"tokens{' packed' if args.packed else ''}, {dtype}, delta rule: {delta_rule}")

@@ -50,7 +50,8 @@ def runs_seq_idx(B: int, T: int, gen: torch.Generator, max_run: int = 6) -> torc
     for _ in range(B):
         ids, doc = [], int(torch.randint(0, 3, (), generator=gen))
         while len(ids) < T:
-            n = 1 if torch.rand((), generator=gen).item() < 0.4 else int(torch.randint(2, max_run + 1, (), generator=gen))
+            one = torch.rand((), generator=gen).item() < 0.4
+            n = 1 if one else int(torch.randint(2, max_run + 1, (), generator=gen))
             ids += [doc] * n
             doc += int(torch.randint(1, 3, (), generator=gen))
         rows.append(ids[:T])

@@ -1,7 +1,15 @@
-"""Integrations of cakeconv with model libraries (each imports its library lazily).
+"""Integrations of cakeconv with model libraries (each imports its library lazily, or never).
 
 - ``cakeconv.integrations.fla``: flash-linear-attention (``fla``, 0.6.0). ``swap_short_convolutions``
   puts cakeconv's deterministic op under every ``fla.modules.ShortConvolution`` of a model, and
   ``CakeShortConvolution`` is the drop-in module class. Importing this package, or that module,
   does not import ``fla``.
+- ``cakeconv.integrations.fla.causal_conv1d``: FLA's functional ``causal_conv1d`` on cakeconv's op.
+- ``cakeconv.integrations.dao``: Dao-AILab's causal-conv1d 1.7.0 API, ``causal_conv1d_fn`` and
+  ``causal_conv1d_update``, with the same signatures and semantics, on cakeconv's op where it
+  applies and delegated to causal-conv1d (or a PyTorch implementation) otherwise. It does not
+  import ``causal_conv1d`` until a call is delegated.
+- ``cakeconv.integrations.transformers``: ``swap_causal_conv1d(model)`` makes every layer of a
+  Hugging Face transformers model that calls ``causal_conv1d_fn`` (Qwen3-Next, Qwen3.5, Mamba2, ...)
+  call cakeconv's. It never imports transformers.
 """

@@ -141,9 +141,13 @@ def _check_tensor(name: str, t, dims: tuple, device: torch.device) -> None:
     """t is a tensor of shape ``dims`` (None entries: any size) on ``device``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != len(dims) or any(want is not None and have != want for have, want in zip(t.shape, dims)):
+    shape = t.shape
+    ok = len(shape) == len(dims)
+    for have, want in zip(shape, dims):
+        ok = ok and (want is None or have == want)
+    if not ok:
         want = ", ".join("*" if w is None else str(w) for w in dims)
-        raise ValueError(f"{name} must have shape [{want}], got {tuple(t.shape)}")
+        raise ValueError(f"{name} must have shape [{want}], got {tuple(shape)}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but x is on {device}")
 
@@ -235,8 +239,9 @@ def check_seq_idx(seq_idx: torch.Tensor) -> None:
     for b in range(ids_BT.shape[0]):
         runs = torch.unique_consecutive(ids_BT[b])
         if torch.unique(runs).numel() != runs.numel():
-            raise ValueError(f"seq_idx row {b} has an id whose tokens are not contiguous (runs {runs.tolist()[:16]}...): "
-                             f"causal-conv1d lets its tokens read each other across other ids, cakeconv does not")
+            raise ValueError(f"seq_idx row {b} has an id whose tokens are not contiguous (runs "
+                             f"{runs.tolist()[:16]}...): causal-conv1d lets its tokens read each other across "
+                             f"other ids, cakeconv does not")
 
 
 # seq_idx id -> (weakref to seq_idx, its version, raw stream, cu): the boundaries of live seq_idx tensors.
