@@ -11,7 +11,9 @@ Tiers (cheapest first):
    an explicit per-token loop of causal-conv1d's semantics (negative and non-contiguous ids,
    initial and final states, the decode update: shift register, circular buffer, state indices);
    user errors.
-2. GPU (marked ``gpu``): the Triton path against the oracle, bitwise repeatability, no host
+2. Triton kernels in the interpreter (marked ``interpret``; own process): seq_idx's padded
+   boundaries on the Triton path, bitwise the exact cu_seqlens.
+3. GPU (marked ``gpu``): the Triton path against the oracle, bitwise repeatability, no host
    synchronisation with seq_idx after the first call, a CUDA graph of forward + backward with
    seq_idx, and, where causal-conv1d imports, its function side by side.
 
@@ -314,6 +316,22 @@ def test_delegated_calls_run_the_pytorch_implementation(cake_calls, case, reason
     assert x.grad is not None and w.grad is not None
 
 
+def test_which_delegated_calls_causal_conv1d_would_take():
+    """causal-conv1d gets a delegated call only where its kernels take it; the rest (W = 5, a bias
+    of another dtype, seq_idx or states in the channel-first layout, unaligned strides) runs the
+    PyTorch implementation."""
+    x, w, b, _ = make_args(2, 16, 9, 4)
+    x_first = x.detach().contiguous()
+    assert cdao._dao_takes(x, w, b, True)
+    assert cdao._dao_takes(x_first, w, b) and not cdao._dao_takes(x_first, w, b, True)
+    assert not cdao._dao_takes(x, torch.randn(16, 5), None)
+    assert not cdao._dao_takes(x, w, b.to(torch.bfloat16))
+    assert not cdao._dao_takes(x.double(), w.double(), None)
+    unaligned = torch.randn(2, 9, 20)[:, :, :16].transpose(1, 2)  # token stride 20
+    assert not cdao._dao_takes(unaligned, w, None)
+    assert cdao._dao_takes(x[:, :, 0], w, b), "a decode step's [B, D]"
+
+
 @pytest.mark.parametrize("ids", [
     [[0, 0, 1, 0, 0, 2, 2, 2, 1], [-1, -1, 3, 3, 3, -1, 4, 4, 4]],   # an id coming back; padding
     [[5, 5, 5, 5, 5, 5, 5, 5, 5], [0, 1, 0, 1, 0, 1, 0, 1, 0]],
@@ -426,6 +444,33 @@ def test_check_seq_idx_accepts_contiguous_ids():
     check_seq_idx(torch.tensor([[3, 2, 2, 1, 0]]))  # decreasing is contiguous too
     with pytest.raises(ValueError, match="not contiguous"):
         check_seq_idx(torch.tensor([[0, 1, 0]]))
+
+
+# --------------------------------------------------------------------- Triton kernels, interpreted
+
+@pytest.mark.interpret
+def test_interpreted_triton_path_with_seq_idx():
+    """Tier 2: the Triton kernels under the interpreter read seq_idx's B * T + 1 boundaries (the
+    documents past the last one empty, the per-token index variant) and give bitwise the result of
+    the exact cu_seqlens, within FP32 tolerance of the oracle."""
+    B, D, T = 2, 16, 23
+    x, w, b, dy = make_args(B, D, T, 3, dtype=torch.float32, bias=True, seed=9)
+    seq_idx = runs_seq_idx(B, T, torch.Generator().manual_seed(9), max_run=4)
+    y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation="silu", backend="triton")
+    dx, dw, db = grads(y, dy, x, w, b)
+    flat = seq_idx.reshape(-1).tolist()
+    cu = torch.tensor([t for t in range(B * T) if t % T == 0 or flat[t] != flat[t - 1]] + [B * T], dtype=torch.int32)
+    assert cu.numel() - 1 >= 5, "enough documents for the per-token index variant"
+    x_SD = x.detach().transpose(1, 2).reshape(B * T, D).requires_grad_()
+    w4 = F.pad(w.detach(), (1, 0)).requires_grad_()
+    b2 = b.detach().requires_grad_()
+    y_SD = cake_causal_conv1d_det(x_SD, w4, b2, cu_seqlens=cu, backend="triton")
+    dx_SD, dw4, db2 = grads(y_SD, dy.transpose(1, 2).reshape(B * T, D), x_SD, w4, b2)
+    assert torch.equal(y, y_SD.view(B, T, D).transpose(1, 2))
+    assert torch.equal(dx, dx_SD.view(B, T, D).transpose(1, 2))
+    assert torch.equal(dw, dw4[:, 1:]) and torch.equal(db, db2)
+    y64, dx64, dw64, _ = oracle_grads(x, w, b, dy, seq_idx)
+    assert rel_err(y, y64) <= TOLERANCES[torch.float32] and rel_err(dw, dw64) <= 4 * TOLERANCES[torch.float32]
 
 
 # ---------------------------------------------------------------------------------------- GPU

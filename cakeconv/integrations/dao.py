@@ -40,9 +40,10 @@ arithmetic rounded once), when ALL of these hold (``delegation_reason`` says whi
   taps are widened to fp32, exactly; their gradient is rounded once back to fp16);
 - cakeconv runs on x's device (the CPU, or an NVIDIA GPU of compute capability >= 8.0).
 
-Everything else is delegated: to causal-conv1d's own function when it is installed and x is on a
-CUDA device, else to ``torch_causal_conv1d_fn`` / ``torch_causal_conv1d_update`` (the same
-results up to FP32 rounding). ``causal_conv1d_update`` is always delegated (decoding is not the
+Everything else is delegated: to causal-conv1d's own function when it is installed, x is on a
+CUDA device and its kernels take the operands (W of 2-4, fp32/fp16/bf16, a bias of the taps'
+dtype, its layout rules), else to ``torch_causal_conv1d_fn`` / ``torch_causal_conv1d_update`` (the
+same results up to FP32 rounding). ``causal_conv1d_update`` is always delegated (decoding is not the
 training op). Delegated calls keep causal-conv1d's properties: its weight gradient is not
 bitwise repeatable.
 
@@ -50,7 +51,8 @@ Layouts. x may have causal-conv1d's channel-last layout (``x.stride(1) == 1``, e
 ``[B, D, T]`` view ``x_BTD.transpose(1, 2)`` of a token-major tensor, what transformers and
 mamba_ssm pass): cakeconv reads it in place, no copy, and y has the same layout. Any other
 layout (channel-first ``[B, D, T]`` contiguous) is copied to channel-last and y copied back to
-contiguous, as causal-conv1d returns it.
+contiguous, as causal-conv1d returns it (``seq_idx`` is taken in either layout; causal-conv1d takes
+it channel-last only).
 
 ``seq_idx`` on the cakeconv path: each row is cut into documents where seq_idx changes between
 neighbouring tokens (and at every row start), ``cu_seqlens_from_seq_idx``. This is causal-conv1d's
@@ -351,7 +353,8 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
                          activation) is None:
         return _cake_fn(x, weight, bias, seq_idx, backend)
     dao = dao_causal_conv1d() if x.is_cuda else None
-    if dao is None:
+    if dao is None or not _dao_takes(x, weight, bias, seq_idx is not None or initial_states is not None
+                                     or return_final_states):
         return torch_causal_conv1d_fn(x, weight, bias, seq_idx, initial_states, return_final_states,
                                       final_states_out, activation)
     return dao[0](x, weight, bias, _int32(seq_idx), initial_states, return_final_states, final_states_out, activation)
@@ -366,9 +369,24 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     """
     _check_update_args(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
     dao = dao_causal_conv1d() if x.is_cuda else None
-    if dao is None:
+    if dao is None or not (_dao_takes(x, weight, bias) and conv_state.dtype == x.dtype):
         return torch_causal_conv1d_update(x, conv_state, weight, bias, activation, cache_seqlens, conv_state_indices)
     return dao[1](x, conv_state, weight, bias, activation, _int32(cache_seqlens), _int32(conv_state_indices))
+
+
+def _dao_takes(x, weight, bias, channel_last_only=False) -> bool:
+    """Whether causal-conv1d 1.7.0's kernels take these operands (else its checks would raise):
+    W of 2-4, fp32/fp16/bf16 x and taps, a bias of the taps' dtype, and for the channel-last layout
+    (the only one with seq_idx or states) D and the strides multiples of 8."""
+    if not (2 <= weight.shape[1] <= TAPS and x.dtype in X_DTYPES and weight.dtype in PARAM_DTYPES):
+        return False
+    if bias is not None and bias.dtype != weight.dtype:
+        return False
+    if x.dim() == 2:  # a decode step's [B, D]
+        return True
+    if _channel_last(x):
+        return x.shape[1] % 8 == 0 and x.stride(0) % 8 == 0 and x.stride(2) % 8 == 0
+    return not channel_last_only
 
 
 def _int32(t):
