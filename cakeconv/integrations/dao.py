@@ -274,7 +274,8 @@ def cu_seqlens_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
     valid for S tokens (cakeconv then copies none of it to the host). Kept per seq_idx tensor while
     it lives and is not modified in place (and per CUDA stream), so calls that share one seq_idx
     get the same tensor; not kept while a CUDA graph is captured or under torch.compile (built
-    every time then).
+    every time then; under torch.compile the op then checks the new boundaries on the host, one
+    synchronisation per call).
     """
     if torch.compiler.is_compiling():
         return _build_cu(seq_idx)
