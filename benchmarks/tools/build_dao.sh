@@ -4,7 +4,7 @@
 # Result: $DAO_DIR/causal_conv1d-1.7.0 (put it on PYTHONPATH) holding causal_conv1d/ and causal_conv1d_cuda*.so,
 # then the file DONE there (or FAILED, with build.log). The steps:
 #   1. the source package: $DAO_SDIST, else .fla/, shared/peers/ or ../shared/peers/causal_conv1d-1.7.0.tar.gz
-#      (the device call sends only the repository: copy the tarball into the git-ignored .fla/ and carry .fla);
+#      (the GPU machine gets only the repository: copy the tarball into the git-ignored .fla/ and carry .fla);
 #   2. a prebuilt copy, when there is one ($DAO_PREBUILT, default .fla/dao_prebuilt_sm90.tgz, written by an earlier
 #      build into $OUT): unpacked and import-tested instead of building (seconds);
 #   3. otherwise setup.py build_ext --inplace with CAUSAL_CONV1D_FORCE_BUILD=TRUE, Hopper only (the peers README's

@@ -11,6 +11,7 @@ unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md.
     python benchmarks/tools/sass_loop_count.py --mix-diff # opcodes per element, backward with segment ids at
                                                           # C = 512 without bias: many-segment middle loop
                                                           # against the unmasked loop
+    python benchmarks/tools/sass_loop_count.py --all      # the three in turn (benchmarks/results/cpu_sass_loops.txt)
 """
 
 import collections
@@ -129,15 +130,27 @@ def mix_diff(C=512):
 
 
 def main():
-    if "--spills" in sys.argv[1:]:
+    args = sys.argv[1:]
+    if "--all" in args:  # what benchmarks/results/cpu_sass_loops.txt holds: the three reports in turn
+        loop_report(args)
         spill_report()
-        return 0
-    if "--mix-diff" in sys.argv[1:]:
         mix_diff()
         return 0
+    if "--spills" in args:
+        spill_report()
+        return 0
+    if "--mix-diff" in args:
+        mix_diff()
+        return 0
+    loop_report(args)
+    return 0
+
+
+def loop_report(args):
+    """Instructions per element of the row loops of the C = 512 picks, per segment lookup."""
     # HAS_CU True: rows of many-segment programs placed by a binary search over cu; SEGMENT_IDS (2):
     # by comparing per-token segment indices (kernels/segment_ids.py). --segment-ids: only the latter
-    variants = (2,) if "--segment-ids" in sys.argv[1:] else (True, 2)
+    variants = (2,) if "--segment-ids" in args else (True, 2)
     for has_cu in variants:
         lookup = "search" if has_cu is True else "segment ids"
         cfg = tuning.pick_fwd_config(512, 2, False)
@@ -149,7 +162,6 @@ def main():
         sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, 512, True, has_cu),
                                    cfg, 9)
         report(f"backward ({lookup}) {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
-    return 0
 
 
 if __name__ == "__main__":
