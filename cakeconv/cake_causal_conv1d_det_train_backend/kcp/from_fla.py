@@ -51,8 +51,8 @@ FLA_CONTEXT_FIELDS = ("group", "layout", "cu_seqlens", "cu_seqlens_cpu", "pre_nu
                       "front_num_seqs", "pre_num_conv_tokens_by_part")
 _HEADER = 11  # ok, layout id, P, part length, parts, then (slot, pre_num_conv_tokens, inner count) x 2
 
-# (id(fla_context), device) -> (weakref to the FLA context, its KcpContext)
-_CACHE: dict[tuple[int, torch.device], tuple[weakref.ref, KcpContext]] = {}
+# (id(fla_context), device) -> (weakref to the FLA context, what the derivation read, its KcpContext)
+_CACHE: dict[tuple[int, torch.device], tuple[weakref.ref, tuple, KcpContext]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
