@@ -123,6 +123,7 @@ from kcp_report import build_rows, format_table, replot, write_outputs  # noqa: 
 from kcp_workload import (FORMS, LAYOUTS, NUM_MULTI, PASS_LABEL, PASSES, SEED_TOKENS, SUBJECTS,  # noqa: E402
                           cu_from_lengths, padded_doc_lengths, scaled_doc_lengths)
 from progress import log as _log  # noqa: E402
+from random_inputs import activations, bias, generator, taps  # noqa: E402
 from timing import HOST_AHEAD_MIN_US, DeviceClock, auto_ahead_us, eager_forms, rotation, wall_samples  # noqa: E402
 
 # NVLink multicast stays off (set before torch.distributed is initialised; see the docstring).
@@ -411,15 +412,13 @@ def eager_subjects(torch, ops: dict, xs_SC, dys_SC, params_by_call, chain: int, 
 
 def global_inputs(torch, T: int, C: int, device, seed: int, count: int):
     """``count`` tensors (x_TC, dy_TC, w_C4, b_C), the same on every rank (same seed, same device type)."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    gen = generator(torch, device, seed)
     out = []
     for _ in range(count):
-        x_TC = torch.randn(T, C, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)
-        dy_TC = torch.randn(T, C, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)
-        w_C4 = (torch.randn(C, 4, generator=gen, device=device, dtype=torch.float32) * 0.5).contiguous()
-        b_C = (torch.randn(C, generator=gen, device=device, dtype=torch.float32) * 0.2).contiguous()
-        out.append((x_TC, dy_TC, w_C4, b_C))
+        x_TC = activations(torch, gen, T, C, device)
+        dy_TC = activations(torch, gen, T, C, device)
+        w_C4 = taps(torch, gen, C, device)
+        out.append((x_TC, dy_TC, w_C4, bias(torch, gen, C, device)))
     return out
 
 
@@ -508,10 +507,8 @@ def subject_ops(cakeconv, ctx, backend, taps):
 def chain_taps(torch, C: int, device, seed: int, chain: int):
     """taps(subject, i) -> [(w, b)] per tensor of call i: leaves requiring grad, distinct per call; the KCP and
     local subjects of a form get equal values (their own leaves)."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed + 7)
-    base = [[((torch.randn(C, 4, generator=gen, device=device) * 0.5).contiguous(),
-              (torch.randn(C, generator=gen, device=device) * 0.2).contiguous()) for _ in range(NUM_MULTI)]
+    gen = generator(torch, device, seed + 7)
+    base = [[(taps(torch, gen, C, device), bias(torch, gen, C, device)) for _ in range(NUM_MULTI)]
             for _ in range(chain)]
     leaves = {}
     for name in SUBJECTS:

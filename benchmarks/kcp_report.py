@@ -9,13 +9,13 @@ versions of torch, triton and cakeconv.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 
 from kcp_workload import (FLOOR_FACTOR, FORMS, NUM_MULTI, PASSES, TARGET_EAGER_PCT, TARGET_HOST_RATIO,
                           TARGET_OVERHEAD_PCT, TARGET_S_LOCAL, scaled_doc_lengths)
 from progress import log
+from report_rows import write_csv, write_jsonl
 
 FILE_STEM = "bench_cake_causal_conv1d_det_kcp"
 ENV_FIELDS = ("date", "commit", "gpu", "torch", "triton", "cakeconv", "backend", "process_group")
@@ -176,37 +176,43 @@ def _gpu_block(by_layout) -> list[str]:
     return out
 
 
+def _layout_block(title: str, head: str, by_layout, line) -> list[str]:
+    """A block of the table: a blank line, its title, its head, then line(single row, multi row) per layout."""
+    return ["", title, head] + [f"{layout:<20} " + line(f["single"], f["multi"]) for layout, f in by_layout.items()]
+
+
+def _eager_line(s, m) -> str:
+    return (f"{_f(s['eager_ms'], '.4f'):>9} {_f(s['local_eager_ms'], '.4f'):>9} {_f(s['eager_overhead_pct'], '.2f'):>10} "
+            f"{_f(m['eager_ms'], '.4f'):>9} {_f(m['local_eager_ms'], '.4f'):>11} {_f(m['eager_overhead_pct'], '.2f'):>8} "
+            f"{_f(s['eager_fwdbwd_gbs'], '.0f'):>12}")
+
+
+def _host_line(s, m) -> str:
+    return (f"{_f(s['host_chain_us'], '.0f'):>9} {_f(s['local_host_chain_us'], '.0f'):>7} "
+            f"{_f(s['host_chain_ratio'], '.2f'):>5} {_f(s['host_step_us'], '.0f'):>9} "
+            f"{_f(s['local_host_step_us'], '.0f'):>7} {_f(s['host_step_ratio'], '.2f'):>5} "
+            f"{_f(m['host_chain_us'], '.0f'):>11} {_f(m['local_host_chain_us'], '.0f'):>7} "
+            f"{_f(m['host_chain_ratio'], '.2f'):>5}")
+
+
 def _eager_block(rows, by_layout, args) -> list[str]:
     if not any(r["eager_ms"] is not None for r in rows):
         return []
-    out = ["", f"== eager loop (chain of {args.chain} calls, one backward per step, no sleep; wall ms per call) ==",
-           f"{'layout':<20} {'KCP ms':>9} {'local ms':>9} {'overhead %':>10} {'multi KCP':>9} {'multi local':>11} "
-           f"{'multi %':>8} {'KCP f+b GB/s':>12}"]
-    for layout, forms in by_layout.items():
-        s, m = forms["single"], forms["multi"]
-        out.append(f"{layout:<20} {_f(s['eager_ms'], '.4f'):>9} {_f(s['local_eager_ms'], '.4f'):>9} "
-                   f"{_f(s['eager_overhead_pct'], '.2f'):>10} {_f(m['eager_ms'], '.4f'):>9} "
-                   f"{_f(m['local_eager_ms'], '.4f'):>11} {_f(m['eager_overhead_pct'], '.2f'):>8} "
-                   f"{_f(s['eager_fwdbwd_gbs'], '.0f'):>12}")
-    return out
+    return _layout_block(
+        f"== eager loop (chain of {args.chain} calls, one backward per step, no sleep; wall ms per call) ==",
+        f"{'layout':<20} {'KCP ms':>9} {'local ms':>9} {'overhead %':>10} {'multi KCP':>9} {'multi local':>11} "
+        f"{'multi %':>8} {'KCP f+b GB/s':>12}", by_layout, _eager_line)
 
 
 def _host_block(rows, by_layout) -> list[str]:
     if not any(r["host_chain_us"] is not None for r in rows):
         return []
     r0 = next(r for r in rows if r["host_chain_us"] is not None)
-    out = ["", f"== host cost per call (T={r0['host_T']}, S_local={r0['host_S_local']}, C={r0['host_C']}, GPU idle; "
-               f"us; ratio = KCP / local single-rank op) ==",
-           f"{'layout':<20} {'chain KCP':>9} {'local':>7} {'ratio':>5} {'step KCP':>9} {'local':>7} {'ratio':>5} "
-           f"{'multi chain':>11} {'local':>7} {'ratio':>5}"]
-    for layout, forms in by_layout.items():
-        s, m = forms["single"], forms["multi"]
-        out.append(f"{layout:<20} {_f(s['host_chain_us'], '.0f'):>9} {_f(s['local_host_chain_us'], '.0f'):>7} "
-                   f"{_f(s['host_chain_ratio'], '.2f'):>5} {_f(s['host_step_us'], '.0f'):>9} "
-                   f"{_f(s['local_host_step_us'], '.0f'):>7} {_f(s['host_step_ratio'], '.2f'):>5} "
-                   f"{_f(m['host_chain_us'], '.0f'):>11} {_f(m['local_host_chain_us'], '.0f'):>7} "
-                   f"{_f(m['host_chain_ratio'], '.2f'):>5}")
-    return out
+    return _layout_block(
+        f"== host cost per call (T={r0['host_T']}, S_local={r0['host_S_local']}, C={r0['host_C']}, GPU idle; "
+        f"us; ratio = KCP / local single-rank op) ==",
+        f"{'layout':<20} {'chain KCP':>9} {'local':>7} {'ratio':>5} {'step KCP':>9} {'local':>7} {'ratio':>5} "
+        f"{'multi chain':>11} {'local':>7} {'ratio':>5}", by_layout, _host_line)
 
 
 def _target_line(rows, world) -> str:
@@ -253,15 +259,8 @@ def write_outputs(rows, env, out_dir, table_text, name=None) -> list[str]:
     ``bench_cake_causal_conv1d_det_kcp_p{P}``); their paths."""
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, name or f"{FILE_STEM}_p{env['world_size']}")
-    with open(stem + ".jsonl", "w") as f:
-        f.write(json.dumps({"kind": "env", **env}) + "\n")
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    with open(stem + ".csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({k: r.get(k) for k in CSV_FIELDS})
+    write_jsonl(stem + ".jsonl", [{"kind": "env", **env}, *rows])
+    write_csv(stem + ".csv", rows, CSV_FIELDS)
     with open(stem + "_table.txt", "w") as f:
         f.write(table_text + "\n")
     paths = [stem + ".jsonl", stem + ".csv", stem + "_table.txt"]

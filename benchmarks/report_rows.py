@@ -108,21 +108,28 @@ CSV_FIELDS = list(ENV_FIELDS) + [
     "n_docs", "doc_min", "doc_max", "n_sets", "chain", "host_ahead_us"]
 
 
-def write_outputs(rows, checks, env, notes, out_dir, elapsed, stem=FILE_STEM) -> list[str]:
-    """``<stem>.jsonl`` (env line, timing rows, check rows) and ``<stem>.csv`` (timing rows); their paths."""
-    jl = os.path.join(out_dir, stem + ".jsonl")
-    with open(jl, "w") as f:
-        f.write(json.dumps({"kind": "env", **env, "elapsed_s": elapsed, "notes": notes}) + "\n")
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-        for c in checks:
-            f.write(json.dumps({**c, "date": env["date"], "commit": env.get("commit"), "gpu": env["gpu"]}) + "\n")
-    cs = os.path.join(out_dir, stem + ".csv")
-    with open(cs, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+def write_jsonl(path: str, lines) -> None:
+    with open(path, "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+
+
+def write_csv(path: str, rows, fields) -> None:
+    """The rows' ``fields`` columns (a field a row lacks is empty)."""
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         wr.writeheader()
         for r in rows:
-            wr.writerow({k: r.get(k) for k in CSV_FIELDS})
+            wr.writerow({k: r.get(k) for k in fields})
+
+
+def write_outputs(rows, checks, env, notes, out_dir, elapsed, stem=FILE_STEM) -> list[str]:
+    """``<stem>.jsonl`` (env line, timing rows, check rows) and ``<stem>.csv`` (timing rows); their paths."""
+    jl, cs = os.path.join(out_dir, stem + ".jsonl"), os.path.join(out_dir, stem + ".csv")
+    run = {"date": env["date"], "commit": env.get("commit"), "gpu": env["gpu"]}
+    write_jsonl(jl, [{"kind": "env", **env, "elapsed_s": elapsed, "notes": notes}, *rows,
+                     *({**c, **run} for c in checks)])
+    write_csv(cs, rows, CSV_FIELDS)
     return [jl, cs]
 
 

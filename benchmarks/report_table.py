@@ -16,6 +16,11 @@ from report_rows import method_of, mix_of, row_key
 
 
 
+def _shape_keys(rows) -> list:
+    """The (mix, S, C) of rows, each once, in the order they first appear."""
+    return list(dict.fromkeys((mix_of(r), r["S"], r["C"]) for r in rows))
+
+
 def _check_lines(checks):
     out = []
     bad = [c for c in checks if not c["ok"]]
@@ -51,15 +56,8 @@ def _gpu_table(rows, passes, bias_variants):
     provs = [p for p in ALL_PROVIDERS if any(r["provider"] == p for r in gpu)]
     ours_like = [p for p in provs if p not in PEERS]
     peers = [p for p in provs if p in PEERS]
-    keys = []
-    for r in gpu:
-        k = (mix_of(r), r["S"], r["C"])
-        if k not in keys:
-            keys.append(k)
-    mixes = []
-    for m, _, _ in keys:
-        if m not in mixes:
-            mixes.append(m)
+    keys = _shape_keys(gpu)
+    mixes = list(dict.fromkeys(m for m, _, _ in keys))
     for mix in mixes:
         for bias in bias_variants:
             out.append("")
@@ -116,11 +114,7 @@ def _eager_table(rows):
     for p in provs:
         head += f" | {p + ' GPU ms':>11} {'chain ms':>9} {'f':>4} {'e/g':>5} {'step ms':>8} {'f':>4}"
     out.append(head)
-    keys = []
-    for r in ev:
-        k = (mix_of(r), r["S"], r["C"], r["bias"])
-        if k not in keys:
-            keys.append(k)
+    keys = list(dict.fromkeys((mix_of(r), r["S"], r["C"], r["bias"]) for r in ev))
     for mix, S, C, bias in keys:
         line = f"{mix:<15} {S:>7} {C:>5} {'yes' if bias else 'no':<4}"
         for p in provs:
@@ -138,10 +132,7 @@ def _eager_table(rows):
 def _mix_summary(rows):
     """Per mix and C: fwd and fwd+bwd fractions (GPU time, no bias when present) for each provider."""
     gpu = [r for r in rows if method_of(r) == "gpu" and r["pass"] in ("fwd", "fwdbwd")]
-    mixes = []
-    for r in gpu:
-        if mix_of(r) not in mixes:
-            mixes.append(mix_of(r))
+    mixes = list(dict.fromkeys(mix_of(r) for r in gpu))
     if len(mixes) < 2:
         return []
     provs = [p for p in ALL_PROVIDERS if any(r["provider"] == p for r in gpu)]
@@ -150,11 +141,7 @@ def _mix_summary(rows):
     out = ["", f"== document mixes, GPU time, {'bias' if bias else 'no bias'}: fraction of copy, fwd / fwd+bwd =="]
     head = f"{'mix':<15} {'docs':>6} {'S':>7} {'C':>5}" + "".join(f" | {p:>11}" for p in provs)
     out.append(head)
-    keys = []
-    for r in gpu:
-        k = (mix_of(r), r["S"], r["C"])
-        if k not in keys:
-            keys.append(k)
+    keys = _shape_keys(gpu)
     for mix, S, C in sorted(keys, key=lambda k: (mixes.index(k[0]), k[2], k[1])):
         any_r = next((r for r in gpu if (mix_of(r), r["S"], r["C"]) == (mix, S, C)), None)
         line = f"{mix:<15} {any_r.get('n_docs') or '-':>6} {S:>7} {C:>5}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from doc_mixes import DEFAULT_MIX, mix_lengths
 from progress import log
+from random_inputs import activations, bias, generator, taps
 
 SWEEP_S = 250340
 S_SWEEP_C = 512
@@ -124,11 +125,9 @@ class ShapeData:
         """``chain`` distinct taps (and biases) for the eager loop: fp32 leaves, the same for every provider."""
         key = ("chain", chain, use_bias)
         if key not in self.extra:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(shape_seed(0, self.S, self.C) + 17)
-            ws = [(torch.randn(self.C, 4, generator=gen, device=self.device) * 0.5).contiguous() for _ in range(chain)]
-            bs = [(torch.randn(self.C, generator=gen, device=self.device) * 0.2).contiguous() if use_bias else None
-                  for _ in range(chain)]
+            gen = generator(torch, self.device, shape_seed(0, self.S, self.C) + 17)
+            ws = [taps(torch, gen, self.C, self.device) for _ in range(chain)]
+            bs = [bias(torch, gen, self.C, self.device) if use_bias else None for _ in range(chain)]
             self.extra[key] = (ws, bs)
         return self.extra[key]
 
@@ -151,14 +150,12 @@ def make_shape(torch, S, C, device, seed, mean_doc_len, l2_bytes, max_sets, mix=
     pos = torch.arange(S, dtype=torch.int64, device=device) - starts
     set_bytes = 2 * S * C * 2
     n_sets = max(2, min(max_sets, math.ceil(8 * l2_bytes / max(1, set_bytes))))
-    gen = torch.Generator(device=device)
-    gen.manual_seed(sh_seed)
+    gen = generator(torch, device, sh_seed)
     sets = []
     for _ in range(n_sets):
-        x = torch.randn(S, C, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)
-        dy = torch.randn(S, C, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)
-        sets.append((x, dy))
-    w = (torch.randn(C, 4, generator=gen, device=device, dtype=torch.float32) * 0.5).contiguous()
-    b = (torch.randn(C, generator=gen, device=device, dtype=torch.float32) * 0.2).contiguous()
+        x = activations(torch, gen, S, C, device)
+        sets.append((x, activations(torch, gen, S, C, device)))
+    w = taps(torch, gen, C, device)
+    b = bias(torch, gen, C, device)
     return ShapeData(S=S, C=C, device=device, lengths=lens, cu=cu, pos=pos, sets=sets, w=w, b=b, mix=mix)
 
