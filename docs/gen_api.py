@@ -8,7 +8,9 @@ Sections, in order:
    (single rank, KCP), then any other name of ``cakeconv.__all__``;
 2. ``CakeShortConv`` (``cakeconv.short_conv``), whether or not it is re-exported yet;
 3. the backend programs of ``cakeconv.cake_causal_conv1d_det_train_backend.kcp.__all__`` (names
-   documented above are linked, not repeated).
+   documented above are linked, not repeated);
+4. the integrations, each module's ``__all__``: ``cakeconv.integrations.fla``, ``.dao``,
+   ``.transformers`` (importing them imports none of those libraries).
 
 For a function: its signature and docstring. For a class: the constructor's signature (for an
 autograd Function, ``.apply`` with the forward's arguments), its docstring, then each public method
@@ -29,6 +31,9 @@ import cakeconv
 import cakeconv.cake_causal_conv1d_det_train as single_module
 import cakeconv.cake_causal_conv1d_det_train_kcp as kcp_module
 from cakeconv.cake_causal_conv1d_det_train_backend import kcp as backend_kcp
+from cakeconv.integrations import dao as dao_integration
+from cakeconv.integrations import fla as fla_integration
+from cakeconv.integrations import transformers as transformers_integration
 from cakeconv.short_conv import CakeShortConv
 
 API_PATH = pathlib.Path(__file__).resolve().parent / "api.md"
@@ -118,6 +123,9 @@ def sections() -> list[tuple[str, str, str, list[tuple[str, object]]]]:
     out.append(("nn.Module", "cakeconv.short_conv", short_conv_module, [("CakeShortConv", CakeShortConv)]))
     out.append(("KCP backend programs", "cakeconv.cake_causal_conv1d_det_train_backend.kcp", backend_kcp,
                 [(n, getattr(backend_kcp, n)) for n in backend_kcp.__all__]))
+    for title, module in (("flash-linear-attention", fla_integration), ("Dao's causal-conv1d API", dao_integration),
+                          ("Hugging Face transformers", transformers_integration)):
+        out.append((title, module.__name__, module, [(n, getattr(module, n)) for n in module.__all__]))
     return out
 
 
