@@ -24,7 +24,7 @@ and, if fla refuses, runs transformers' PyTorch delta rule in every variant (the
 ran). The convolution is then a smaller part of the step.
 
 Usage:
-    python benchmarks/bench_model_swap.py --out results_dir            # GPU, bf16
+    python benchmarks/bench_model_swap.py --out results_dir            # GPU, FP32 parameters + bf16 autocast
     python benchmarks/bench_model_swap.py --dry-run --out /tmp/swap     # CPU, tiny, 2 steps (tests)
 """
 
@@ -69,7 +69,11 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5, help="rounds dropped first")
     p.add_argument("--delta-rule", choices=("auto", "torch"), default="auto")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny model, 2 rounds, no warm-up")
-    p.add_argument("--out", default=".", help="folder for bench_model_swap.json")
+    p.add_argument("--precision", choices=("amp", "bf16"), default="amp",
+                   help="amp: FP32 parameters under torch.autocast(bfloat16), as mixed-precision training runs "
+                        "(the conv gets bf16 x and FP32 taps); bf16: every parameter bf16 (GPU only)")
+    p.add_argument("--out", default=".", help="folder for the JSON file")
+    p.add_argument("--name", default=STEM, help="the JSON file's stem (e.g. h200_model_swap)")
     args = p.parse_args(argv)
     if args.dry_run:
         args.hidden, args.layers, args.vocab, args.batch, args.seq_len = 64, 2, 128, 2, 48
@@ -147,21 +151,27 @@ def dao_forced():
 
 
 def use_torch_delta_rule() -> None:
-    """transformers' PyTorch chunked delta rule in place of fla's (every model built after this)."""
+    """transformers' PyTorch delta rules (chunked and recurrent) in place of fla's (every model built
+    after this)."""
     module = modeling_module()
-    rule = module.torch_chunk_gated_delta_rule
-    module.torch_chunk_gated_delta_rule = getattr(rule, "__wrapped__", rule)
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        rule = getattr(module, name)
+        setattr(module, name, getattr(rule, "__wrapped__", rule))
 
 
 # ------------------------------------------------------------------------------------ stepping
+
+AUTOCAST = [False]  # --precision amp on a GPU: every step under torch.autocast(bfloat16)
+
 
 def make_step(model, batch, context):
     """One training step of ``model`` on ``batch`` under ``context`` (a context-manager factory);
     returns the loss tensor."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    device_type = next(model.parameters()).device.type
 
     def step():
-        with context():
+        with context(), torch.autocast(device_type, torch.bfloat16, enabled=AUTOCAST[0]):
             loss = model(**batch).loss
             loss.backward()
         optimizer.step()
@@ -270,10 +280,12 @@ def main(argv=None) -> dict:
 
     hf_logging.set_verbosity_error()  # transformers' one-line notes on its PyTorch fallbacks
     device = torch.device("cpu" if args.dry_run or not torch.cuda.is_available() else "cuda")
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    dtype = torch.bfloat16 if device.type == "cuda" and args.precision == "bf16" else torch.float32
+    AUTOCAST[0] = device.type == "cuda" and args.precision == "amp"
     config = model_config(args)
     delta_rule = "transformers' choice (fla when it imports)"
-    if args.delta_rule == "torch" or (device.type == "cuda" and delta_rule_refused(args, config, device, dtype)):
+    # fla's delta rules are Triton kernels: on the CPU (the dry run) transformers' PyTorch ones run
+    if args.delta_rule == "torch" or device.type == "cpu" or delta_rule_refused(args, config, device, dtype):
         use_torch_delta_rule()
         delta_rule = "transformers' PyTorch chunked delta rule"
     batch = make_batch(args, device)
@@ -286,13 +298,13 @@ def main(argv=None) -> dict:
                 + config.linear_value_head_dim * config.linear_num_value_heads)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     result = {"env": environment(device),
-              "config": {**settings, "dtype": str(dtype), "delta_rule": delta_rule, "conv_channels": channels},
+              "config": {**settings, "dtype": str(dtype), "autocast_bf16": AUTOCAST[0], "delta_rule": delta_rule, "conv_channels": channels},
               "tokens_per_step": tokens, "rows": rows}
     print(f"Qwen3-Next, hidden {args.hidden}, {args.layers} layers ({args.layer_mix}), {args.batch} x {args.seq_len} "
-          f"tokens{' packed' if args.packed else ''}, {dtype}, delta rule: {delta_rule}")
+          f"tokens{' packed' if args.packed else ''}, {dtype}{' + autocast bf16' if AUTOCAST[0] else ''}, delta rule: {delta_rule}")
     print(table(rows, tokens))
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{STEM}.json")
+    path = os.path.join(args.out, f"{args.name}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {path}")

@@ -235,12 +235,13 @@ for step in "$@"; do
     integrations) wait_dao; mkdir -p "$OUT/integrations"
          files=$(ls tests/test_integrations_dao.py tests/test_integrations_transformers.py tests/kcp/test_kcp_fla_context.py 2>/dev/null)
          if [ -n "$files" ]; then
-           python3 -m pytest -v -rf -m gpu $files -p no:cacheprovider > "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations.log" 2>&1
+           timeout ${INTEGRATION_TESTS_S:-300} python3 -m pytest -v -rf -m gpu $files -p no:cacheprovider -n ${XDIST_INT:-4} > "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations.log" 2>&1
            echo "integration tests: rc $?"; grep -E "FAILED|ERROR|SKIPPED| passed| failed" "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations.log" | tail -15
          fi
          if [ -f benchmarks/bench_model_swap.py ]; then
-           python3 benchmarks/bench_model_swap.py --out "$OUT/integrations" > "$OUT/integrations/model_swap_stdout.log" 2>&1
-           echo "bench_model_swap: rc $?"; tail -15 "$OUT/integrations/model_swap_stdout.log"
+           timeout ${SWAP_S:-300} python3 benchmarks/bench_model_swap.py --out "$OUT/integrations" --name "${GPU_TAG}_model_swap" \
+             ${SWAP_ARGS:-} > "$OUT/integrations/${GPU_TAG}_model_swap.log" 2>&1
+           echo "bench_model_swap: rc $?"; tail -15 "$OUT/integrations/${GPU_TAG}_model_swap.log"
          fi
          pack integrations ;;
     multigpu) bash tests/multigpu/run.sh "$NGPU" 2>&1 | tee "$OUT/${GPU_TAG}x${NGPU}_multigpu_tier.log" | tail -30 ;;

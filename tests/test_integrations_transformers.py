@@ -299,6 +299,19 @@ def tiny_config(**over):
     return transformers.Qwen3NextConfig(**fields)
 
 
+@pytest.fixture
+def torch_delta_rules(monkeypatch):
+    """transformers' PyTorch gated delta rules (chunked and recurrent) in place of the ones it
+    resolved at import: flash-linear-attention's when ``fla`` imports (the ``test`` extra installs
+    fla-core), whose Triton kernels need a GPU. Set before the swap, which copies the modeling
+    module's globals."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as module
+
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        rule = getattr(module, name)
+        monkeypatch.setattr(module, name, getattr(rule, "__wrapped__", rule))
+
+
 def tiny_pair(device="cpu", dtype=torch.float32, **over):
     from transformers import Qwen3NextForCausalLM
     from transformers.utils import logging as hf_logging
@@ -326,7 +339,7 @@ def compare_step(plain, model, ids, tol):
     return out
 
 
-def test_qwen3_next_swapped_against_unswapped_cpu(cake_calls):
+def test_qwen3_next_swapped_against_unswapped_cpu(torch_delta_rules, cake_calls):
     plain, model = tiny_pair()
     assert swap_causal_conv1d(model) == 1  # one GatedDeltaNet layer
     assert swap_causal_conv1d(model) == 0
@@ -373,15 +386,6 @@ def test_model_swap_benchmark_dry_run(tmp_path):
 
 # ---------------------------------------------------------------------------------------- GPU
 
-def _torch_delta_rule(monkeypatch):
-    """transformers' PyTorch chunked delta rule (fla 0.6.0 refuses its backward on Hopper with
-    Triton < 3.7.1); set before the swap, which copies the modeling module's globals."""
-    from transformers.models.qwen3_next import modeling_qwen3_next as module
-
-    rule = module.torch_chunk_gated_delta_rule
-    monkeypatch.setattr(module, "torch_chunk_gated_delta_rule", getattr(rule, "__wrapped__", rule))
-
-
 def _step_ms(model, ids, steps=5):
     for _ in range(2):
         model(input_ids=ids, labels=ids).loss.backward()
@@ -397,8 +401,9 @@ def _step_ms(model, ids, steps=5):
 
 
 @pytest.mark.gpu
-def test_qwen3_next_swapped_against_unswapped_gpu(monkeypatch, cake_calls):
-    _torch_delta_rule(monkeypatch)
+def test_qwen3_next_swapped_against_unswapped_gpu(torch_delta_rules, cake_calls):
+    # transformers' PyTorch delta rules here too: fla 0.6.0 refuses its chunked backward on Hopper
+    # with Triton < 3.7.1
     over = dict(hidden_size=256, linear_key_head_dim=64, linear_value_head_dim=64, head_dim=64,
                 intermediate_size=512, vocab_size=1000)
     plain, model = tiny_pair("cuda", torch.bfloat16, **over)
