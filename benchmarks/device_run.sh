@@ -37,7 +37,7 @@
 #   gputests   every GPU test (pytest -m gpu) but the multi-GPU tier, the FLA file and the specialization file's
 #              coverage check, XDIST (6) workers over the GPUs, until GPU_TESTS_S (480 s); the tests it did not reach
 #              are listed in $OUT/gputests_unfinished.txt; then the specialization file serially (its kernels cached
-#              by then), until SPEC_TESTS_S (100 s). GPU_TESTS_REST=FILE (node ids, e.g. an earlier run's unfinished
+#              by then), until SPEC_TESTS_S (100 s; 0: not run). GPU_TESTS (tests) narrows step 1. GPU_TESTS_REST=FILE (node ids, e.g. an earlier run's unfinished
 #              list copied into the tree) runs those instead      -> <gpu>_pytest_gpu.log (_rest.log), _specialization.log
 #   flatests   the FLA drop-in's GPU tests, tests/test_integrations_fla.py (carry .fla; FLA autotunes every kernel on
 #              first use: a run of its own)                                           -> <gpu>_pytest_gpu_fla.log
@@ -213,7 +213,7 @@ for step in "$@"; do
          # names its failures; (2) the specialization file alone and serially (its coverage check reads what its other
          # tests recorded in the same process)
          args="-m gpu -p no:cacheprovider --ignore=tests/multigpu --ignore=tests/test_integrations_fla.py"
-         log="$OUT/${GPU_TAG}_pytest_gpu.log"; tests=tests
+         log="$OUT/${GPU_TAG}_pytest_gpu.log"; tests=${GPU_TESTS:-tests}
          if [ -n "${GPU_TESTS_REST:-}" ]; then log="$OUT/${GPU_TAG}_pytest_gpu_rest.log"; tests=$(cat "$GPU_TESTS_REST"); fi
          python3 -m pytest --collect-only -q $args -k "not every_integer_argument" $tests 2>/dev/null | grep :: | sort > /tmp/gpu_all.txt
          CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) timeout ${GPU_TESTS_S:-480} python3 -m pytest -v -rf $args \
@@ -223,6 +223,7 @@ for step in "$@"; do
          comm -23 /tmp/gpu_all.txt /tmp/gpu_done.txt > "$OUT/gputests_unfinished.txt"
          echo "unfinished: $(wc -l < "$OUT/gputests_unfinished.txt") (listed in \$OUT/gputests_unfinished.txt)"
          [ -s "$OUT/gputests_unfinished.txt" ] || rm -f "$OUT/gputests_unfinished.txt"
+         [ "${SPEC_TESTS_S:-100}" = 0 ] && { echo "specialization file: not run (SPEC_TESTS_S=0)"; continue; }
          CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) timeout ${SPEC_TESTS_S:-100} python3 -m pytest -v -rf -m gpu \
            tests/test_gpu_specialization.py -p no:cacheprovider > "$OUT/${GPU_TAG}_pytest_gpu_specialization.log" 2>&1
          echo "specialization file: rc $?"; grep -E "FAILED|ERROR| passed| failed" "$OUT/${GPU_TAG}_pytest_gpu_specialization.log" | tail -10 ;;
@@ -235,7 +236,10 @@ for step in "$@"; do
     integrations) wait_dao; mkdir -p "$OUT/integrations"
          files=$(ls tests/test_integrations_dao.py tests/test_integrations_transformers.py tests/kcp/test_kcp_fla_context.py 2>/dev/null)
          if [ -n "$files" ]; then
-           timeout ${INTEGRATION_TESTS_S:-300} python3 -m pytest -v -rf -m gpu $files -p no:cacheprovider -n ${XDIST_INT:-4} > "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations.log" 2>&1
+           # a test over TEST_TIMEOUT_S fails with its traceback instead of silencing the report (pytest-timeout)
+           per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout ${TEST_TIMEOUT_S:-200}")
+           timeout ${INTEGRATION_TESTS_S:-300} python3 -m pytest -v -rf --tb=short -m gpu $files -p no:cacheprovider \
+             -n ${XDIST_INT:-4} $per_test > "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations.log" 2>&1
            echo "integration tests: rc $?"; grep -E "FAILED|ERROR|SKIPPED| passed| failed" "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations.log" | tail -15
          fi
          if [ -f benchmarks/bench_model_swap.py ]; then

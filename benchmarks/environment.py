@@ -1,8 +1,9 @@
 """What every results file records about its run: date, commit, GPU, torch, triton, Python, host.
 
-The commit is ``git rev-parse HEAD`` of the repository (with ``-dirty`` when cakeconv/ or benchmarks/ have
-uncommitted changes); a tree copied without its ``.git`` (the GPU machine) takes it from the environment
-variable ``BENCH_COMMIT``; without either it is None.
+The commit is the environment variable ``BENCH_COMMIT`` when it is set (the GPU machine gets a copy of
+the working tree whose ``.git``, if any, need not be the tree's commit: set it there), else
+``git rev-parse HEAD`` of the repository (with ``-dirty`` when cakeconv/ or benchmarks/ have uncommitted
+changes); without either it is None.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ def _git(*args: str) -> str | None:
 
 def git_commit() -> str | None:
     """The commit of the measured tree (see the module docstring)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     head = _git("rev-parse", "--short=12", "HEAD")
     if head is None:
-        return os.environ.get("BENCH_COMMIT") or None
+        return None
     dirty = _git("status", "--porcelain", "--", "cakeconv", "benchmarks")
     return head + ("-dirty" if dirty else "")
 
