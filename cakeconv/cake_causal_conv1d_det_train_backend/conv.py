@@ -421,9 +421,9 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
     them before the workspace is reused, e.g. by a later CUDA-graph replay). Two exceptions, made
     once and kept: with 5 or more short documents, the first call with a ``cu_seqlens`` tensor
     builds its per-token document index (4 bytes per token, kept while that tensor lives, reused by
-    every later call and by a CUDA graph captured after it; both entry points); and with S <= 8192
-    (one launch), the first backward on a stream allocates 256 bytes of counters for that stream
-    (under CUDA-graph capture the counters come from the workspace: nothing is allocated).
+    every later call and by a CUDA graph captured after it; both entry points); and the first
+    backward on a stream allocates the dweight tree's ticket counters for that stream (at least 256
+    bytes; under CUDA-graph capture the counters come from the workspace: nothing is allocated).
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:

@@ -25,7 +25,7 @@ from .plan import LAYOUTS, RankPlan, build_rank_plans, layout_fragments, normali
 class ObjectRegistry:
     """Process-local ints naming live objects that a torch custom op cannot take as an argument.
 
-    The KCP custom ops (kcp_custom_ops.py) take a ``KcpContext`` and a ``RecomputeHandleDetKcp``
+    The KCP custom ops (ops.py) take a ``KcpContext`` and a ``RecomputeHandleDetKcp``
     as the int ``op_id`` the object got at construction. Ids come from a per-process counter
     (1, 2, 3, ... in construction order: the same on every rank that builds its objects in the
     same order) and are never reused; the map holds the objects weakly, so a dropped object is
