@@ -39,7 +39,7 @@ JOBS = [
     (FP32, False, 256, 16384, "single"), (FP32, False, 256, 16384, "kcp"),  # the FP32 cases
     (BF16, False, 128, 4096, "single"), (BF16, False, 128, 4096, "kcp"),   # multi, compile
     (BF16, False, 128, 302, "kcp"),
-    (BF16, False, 512, 32768, "single"), (BF16, False, 512, 16384, "kcp1"),  # issue 15's case
+    (BF16, False, 512, 32768, "single"), (BF16, False, 512, 16384, "kcp1"),  # the KCP one-document case
     (BF16, True, 256, 16, "kcp1"), (BF16, True, 256, 1, "kcp1"),             # one segment per rank
     (BF16, True, 8, 4096, "single"), (BF16, True, 8, 4096, "kcp"),         # C = 8
     # the ranks of a 2-rank context: gathers of received rows, row kernels of each (dtype, bias, C)
