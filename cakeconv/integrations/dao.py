@@ -78,7 +78,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .. import cake_causal_conv1d_det, is_cake_causal_conv1d_det_train_supported
+from .. import cake_causal_conv1d_det
+from ._devices import device_supported
 from ..cake_causal_conv1d_det_train_backend import checks
 
 try:  # the CUDA build of torch: the current raw stream, cheaply
@@ -104,8 +105,6 @@ X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CAKE_BACKENDS = ("auto", "triton", "reference")
 
-# device -> whether cakeconv runs there (asked once per device).
-_SUPPORTED_DEVICES: dict = {}
 # causal-conv1d's (causal_conv1d_fn, causal_conv1d_update), or () when it does not import; None: not tried.
 _DAO = None
 
@@ -124,13 +123,6 @@ def dao_causal_conv1d():
             _DAO = ()
     return _DAO or None
 
-
-def _device_supported(device: torch.device) -> bool:
-    supported = _SUPPORTED_DEVICES.get(device)
-    if supported is None:
-        supported = bool(is_cake_causal_conv1d_det_train_supported(device))
-        _SUPPORTED_DEVICES[device] = supported
-    return supported
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -217,7 +209,7 @@ def delegation_reason(x, weight, bias=None, seq_idx=None, initial_states=None, r
         return f"x dtype {x.dtype}"
     if weight.dtype not in PARAM_DTYPES or (bias is not None and bias.dtype not in PARAM_DTYPES):
         return f"weight dtype {weight.dtype}, bias dtype {None if bias is None else bias.dtype}"
-    if not _device_supported(x.device):
+    if not device_supported(x.device):
         return f"cakeconv does not run on {x.device}"
     return None
 

@@ -84,7 +84,8 @@ import warnings
 import torch
 import torch.nn as nn
 
-from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp, is_cake_causal_conv1d_det_train_supported
+from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
+from ._devices import device_supported
 from ..cake_causal_conv1d_det_train_backend.kcp.from_fla import FLA_CONTEXT_FIELDS, FLA_LAYOUTS
 
 # CakeShortConvolution is public too, but left out of __all__: it is built by importing fla, and
@@ -109,8 +110,6 @@ _FLA_HINT = ("cakeconv.integrations.fla needs flash-linear-attention (the `fla` 
 
 # base class -> its Cake subclass (built once per base).
 _CLASSES: dict[type, type] = {}
-# device -> whether cakeconv runs there (is_cake_causal_conv1d_det_train_supported, asked once).
-_SUPPORTED_DEVICES: dict[torch.device, bool] = {}
 
 
 def _fla_short_convolution() -> type:
@@ -140,13 +139,6 @@ def _check_cake_backend(cake_backend) -> None:
         raise ValueError(f"cake_backend must be one of {CAKE_BACKENDS}, got {cake_backend!r}")
 
 
-def _device_supported(device: torch.device) -> bool:
-    supported = _SUPPORTED_DEVICES.get(device)
-    if supported is None:
-        supported = bool(is_cake_causal_conv1d_det_train_supported(device))
-        _SUPPORTED_DEVICES[device] = supported
-    return supported
-
 
 def _cp_context_reason(cp_context) -> str | None:
     """Why a ``cp_context`` sends a call to FLA, or None (no context, or one cakeconv derives its own from)."""
@@ -171,7 +163,7 @@ def _input_reason(x, D: int, weight_dtype: torch.dtype) -> str | None:
         return f"x dtype {x.dtype}"
     if weight_dtype not in WEIGHT_DTYPES:
         return f"weight dtype {weight_dtype} (cakeconv takes FP32 or BF16 taps)"
-    if not _device_supported(x.device):
+    if not device_supported(x.device):
         return f"cakeconv does not run on {x.device}"
     return None
 
