@@ -115,3 +115,20 @@ def run_on_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_
             with open(os.path.join(tmp_dir, f"result_{rank}.pkl"), "rb") as f:
                 results.append(pickle.load(f))
         return results
+
+
+def nccl_one_rank_group():
+    """Body of a module-scoped pytest fixture (``yield from nccl_one_rank_group()``): a 1-rank NCCL
+    process group on GPU 0 (``file://`` store, 60 s timeout, NVLink multicast off), destroyed
+    afterwards. A group another module of the same process already made is reused, not destroyed."""
+    for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(var, val)
+    if dist.is_initialized():
+        yield dist.group.WORLD
+        return
+    tmp = tempfile.mkdtemp(prefix="cakeconv_nccl_")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    yield dist.group.WORLD
+    dist.destroy_process_group()

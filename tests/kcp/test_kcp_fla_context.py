@@ -28,12 +28,9 @@ Shape legend: T global tokens, S local rows, C channels, P ranks, L part length.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import gc
-import os
 import random
 import re
-import tempfile
 import warnings
 
 import pytest
@@ -43,7 +40,7 @@ import torch.distributed as dist
 from cakeconv import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp import from_fla
 
-from ._dist import run_on_ranks
+from ._dist import nccl_one_rank_group, run_on_ranks
 from .test_kcp_plan import random_cu_seqlens
 
 
@@ -352,17 +349,7 @@ def test_stand_in_builder_agrees_with_flas():
 
 @pytest.fixture(scope="module")
 def nccl_group():
-    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")  # no NVLink multicast
-    if dist.is_initialized():  # another module's group of the same process
-        yield dist.group.WORLD
-        return
-    tmp = tempfile.mkdtemp(prefix="cakeconv_nccl_")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    yield dist.group.WORLD
-    dist.destroy_process_group()
+    yield from nccl_one_rank_group()
 
 
 @pytest.mark.gpu

@@ -6,17 +6,14 @@ machine with several GPUs can show (point-to-point over NCCL between GPUs) is th
 (tests/multigpu/).
 """
 
-import datetime
-import os
 import random
-import tempfile
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from cakeconv import build_kcp_context, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp, cake_causal_conv1d_det_multi_kcp
 
+from ._dist import nccl_one_rank_group
 from .test_kcp_plan import random_cu_seqlens, random_fragments
 
 pytestmark = pytest.mark.gpu
@@ -24,14 +21,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def nccl_group():
-    for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ.setdefault(var, val)
-    tmp = tempfile.mkdtemp(prefix="cakeconv_nccl_")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{tmp}/store", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
-    yield dist.group.WORLD
-    dist.destroy_process_group()
+    yield from nccl_one_rank_group()
 
 
 def _check(cu_list, C, seed, layout=None, fragments=None):
