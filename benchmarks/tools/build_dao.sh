@@ -8,9 +8,11 @@
 #   2. a prebuilt copy, when there is one ($DAO_PREBUILT, default .fla/dao_prebuilt_sm90.tgz, written by an earlier
 #      build into $OUT): unpacked and import-tested instead of building (seconds);
 #   3. otherwise setup.py build_ext --inplace with CAUSAL_CONV1D_FORCE_BUILD=TRUE, Hopper only (the peers README's
-#      sed), and with DAO_TRIM=1 (default) only the bf16-input / fp32-weight kernels the benchmarks call: the other
-#      8 dtype pairs' explicit instantiations are dropped and the dtype dispatch raises for them (the kernels of
-#      the pair that is kept are unchanged); DAO_TRIM=0 builds all 9 pairs (about 6 minutes with 8 jobs).
+#      sed), for the x dtypes DAO_X (default "bf16 fp32") times the weight dtypes DAO_W (default "fp32 bf16"):
+#      mixed-precision training (bf16 x, fp32 weight), a bf16 model and an fp32 one; "fp16" adds half. Each .cu
+#      file is split into one translation unit per dtype pair (the file with the other pairs' explicit
+#      instantiations dropped; the kernels are unchanged), so that the pairs compile in parallel (DAO_JOBS,
+#      default 16), and the dtype dispatch raises for the types not built.
 #   4. on success, with $OUT set, the built package is packed into $OUT/dao_prebuilt_sm90.tgz for step 2 next time.
 set -u
 if [ -n "${OUT:-}" ]; then OUT=$(cd "$OUT" 2>/dev/null && pwd) || OUT=""; fi  # absolute: the build cds into its tree
@@ -42,40 +44,53 @@ cd "$SRC" || fail "no $SRC"
 # Hopper only (the default list compiles ten architectures)
 sed -i 's/^\(\s*\)# HACK: The compiler flag -D_GLIBCXX_USE_CXX11_ABI/\1cc_flag = ["-gencode", "arch=compute_90,code=sm_90"]\n&/' setup.py
 grep -q 'arch=compute_90,code=sm_90"]' setup.py || fail "setup.py patch (sm_90 only) did not apply"
-if [ "${DAO_TRIM:-1}" = 1 ]; then
-  python3 - <<'PY' || fail "trim patch"
-import re, pathlib
-keep = "<at::BFloat16, float>"
-for name in ("csrc/causal_conv1d_fwd.cu", "csrc/causal_conv1d_bwd.cu", "csrc/causal_conv1d_update.cu"):
-    p = pathlib.Path(name)
-    lines = p.read_text().splitlines(keepends=True)
-    out = [l for l in lines if not (l.startswith("template void ") and keep not in l)]
-    assert sum(l.startswith("template void ") for l in out) >= 1, name
-    p.write_text("".join(out))
-p = pathlib.Path("csrc/causal_conv1d.cpp")
-s = p.read_text()
-def only(macro, var, typ, scalar):
+DAO_X=${DAO_X:-bf16 fp32} DAO_W=${DAO_W:-fp32 bf16} python3 - <<'PY' || fail "dtype-pair split"
+import itertools, os, pathlib, re
+TYPES = {"fp32": ("float", "Float"), "fp16": ("at::Half", "Half"), "bf16": ("at::BFloat16", "BFloat16")}
+xs, ws = os.environ["DAO_X"].split(), os.environ["DAO_W"].split()
+assert xs and ws and set(xs + ws) <= set(TYPES), (xs, ws)
+sources = []
+for stem in ("causal_conv1d_fwd", "causal_conv1d_bwd", "causal_conv1d_update"):
+    original = pathlib.Path("csrc/%s.cu" % stem)
+    lines = original.read_text().splitlines(keepends=True)
+    for x, w in itertools.product(xs, ws):
+        pair = "<%s, %s>" % (TYPES[x][0], TYPES[w][0])
+        kept = [l for l in lines if not l.startswith("template void ") or pair in l]
+        assert sum(l.startswith("template void ") for l in kept) >= 1, (stem, pair)
+        unit = pathlib.Path("csrc/%s_%s_%s.cu" % (stem, x, w))
+        unit.write_text("".join(kept))
+        sources.append('"%s"' % unit)
+setup = pathlib.Path("setup.py")
+text = setup.read_text()
+listed = re.compile(r'\n(\s*)"csrc/causal_conv1d_fwd\.cu",\n\s*"csrc/causal_conv1d_bwd\.cu",\n\s*"csrc/causal_conv1d_update\.cu",\n')
+m = listed.search(text)
+assert m, "setup.py's sources list"
+indent = m.group(1)
+text = text[:m.start()] + "\n" + "".join("%s%s,\n" % (indent, src) for src in sources) + text[m.end():]
+setup.write_text(text)
+cpp = pathlib.Path("csrc/causal_conv1d.cpp")
+s = cpp.read_text()
+def dispatch(macro, var, names):
     global s
     pat = re.compile(r"#define %s\((\w+), NAME, \.\.\.\)[^\n]*\n(?:[^\n]*\\\n)*[^\n]*\n" % macro)
     m = pat.search(s)
     assert m, macro
     arg = m.group(1)
-    body = ("#define %s(%s, NAME, ...) \\\n"
-            "    if (%s == at::ScalarType::%s) { \\\n"
-            "        using %s = %s; \\\n"
-            "        __VA_ARGS__(); \\\n"
-            "    } else { \\\n"
-            "        AT_ERROR(#NAME, \" not built for type '\", toString(%s), \"' (benchmarks/tools/build_dao.sh DAO_TRIM=1: bf16 x, fp32 weight)\"); \\\n"
-            "    }\n") % (macro, arg, arg, scalar, var, typ, arg)
+    body = "#define %s(%s, NAME, ...) \\\n    " % (macro, arg)
+    for name in names:
+        typ, scalar = TYPES[name]
+        body += "if (%s == at::ScalarType::%s) { \\\n        using %s = %s; \\\n        __VA_ARGS__(); \\\n    } else " % (
+            arg, scalar, var, typ)
+    body += ("{ \\\n        AT_ERROR(#NAME, \" not built for type '\", toString(%s), \"' (benchmarks/tools/build_dao.sh: "
+             "x %s, weight %s)\"); \\\n    }\n") % (arg, "/".join(xs), "/".join(ws))
     s = s[:m.start()] + body + s[m.end():]
-only("DISPATCH_ITYPE_FLOAT_AND_HALF_AND_BF16", "input_t", "at::BFloat16", "BFloat16")
-only("DISPATCH_WTYPE_FLOAT_AND_HALF_AND_BF16", "weight_t", "float", "Float")
-p.write_text(s)
-print("trimmed to bf16 x / fp32 weight")
+dispatch("DISPATCH_ITYPE_FLOAT_AND_HALF_AND_BF16", "input_t", xs)
+dispatch("DISPATCH_WTYPE_FLOAT_AND_HALF_AND_BF16", "weight_t", ws)
+cpp.write_text(s)
+print("x %s, weight %s: %d translation units" % ("/".join(xs), "/".join(ws), len(sources)))
 PY
-fi
-echo "building with MAX_JOBS=${DAO_JOBS:-8} (nvcc $(nvcc --version | tail -1))"
-MAX_JOBS=${DAO_JOBS:-8} CAUSAL_CONV1D_FORCE_BUILD=TRUE python3 setup.py build_ext --inplace || fail "build_ext"
+echo "building with MAX_JOBS=${DAO_JOBS:-16} (nvcc $(nvcc --version | tail -1))"
+MAX_JOBS=${DAO_JOBS:-16} CAUSAL_CONV1D_FORCE_BUILD=TRUE python3 setup.py build_ext --inplace || fail "build_ext"
 import_ok || fail "import after build"
 touch "$SRC/DONE" "$DAO_DIR/DONE"
 echo "built in $(( $(date +%s) - t0 )) s"
