@@ -1,4 +1,4 @@
-"""cakeconv.integrations.transformers: ``swap_causal_conv1d`` on transformers' two designs.
+"""cakeconv.integrations.transformers: ``swap_causal_conv1d`` on each of transformers' designs.
 
 Tiers (cheapest first):
 
@@ -6,7 +6,9 @@ Tiers (cheapest first):
    calls the global ``causal_conv1d_fn`` of this file (a PyTorch fallback that refuses ``seq_idx``,
    as transformers 5.x's does) from a forward wrapped in two decorators (one keeping the wrapped
    function in a closure, one in ``functools.wraps``) and from a helper method, and reaches
-   ``super()``; ``AttributeMixer`` holds ``self.causal_conv1d_fn = None`` and
+   ``super()``; ``HelperLevelMixer`` reaches that global through a decorated module function (as
+   transformers 5.25's ``causal_conv1d_forward`` without the ``kernels`` package);
+   ``AttributeMixer`` holds ``self.causal_conv1d_fn = None`` and
    ``self.causal_conv1d_update = None`` as transformers 4.57's Qwen3-Next layer. On them: the count,
    idempotence, per-instance effect (an unswapped twin keeps the fallback), what reaches cakeconv,
    seq_idx and unknown keywords, the decorators still running, prefill + decode, parameters and
@@ -113,6 +115,30 @@ class ModuleLevelMixer(MixerBase):
                                 activation=self.activation, **kwargs)
 
 
+def keep_args(fn):
+    """A decorator holding ``fn`` in its closure (transformers' hub-kernel decorators without ``kernels``)."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+@keep_args
+def conv_forward(conv1d, x_BDT, activation=None, **kwargs):
+    """transformers 5.25's ``causal_conv1d_forward``: a module function between the layer and
+    ``causal_conv1d_fn``."""
+    return causal_conv1d_fn(x_BDT, conv1d.weight.squeeze(1), conv1d.bias, activation=activation, **kwargs)
+
+
+class HelperLevelMixer(MixerBase):
+    """transformers 5.25's form without ``kernels``: forward calls a module function that calls the
+    global causal_conv1d_fn."""
+
+    def forward(self, hidden_states, **kwargs):
+        x_BDT = super().forward(hidden_states).transpose(1, 2)
+        return conv_forward(self.conv1d, x_BDT, activation=self.activation, **kwargs).transpose(1, 2)
+
+
 def torch_update(x, conv_state, weight, bias=None, activation=None):
     """transformers 4.57's PyTorch decode step (the state is a shift register)."""
     T = x.shape[-1]
@@ -197,6 +223,23 @@ def test_module_level_form_is_swapped_per_instance(cake_calls):
     g, g_plain = _grads(model), _grads(plain)
     assert all((g[k] - g_plain[k]).abs().max().item() < 1e-5 for k in g)
     model(h, cache_params=None)  # the renamed keyword still arrives renamed
+
+
+def test_module_function_between_layer_and_fn_is_rebound(cake_calls):
+    plain, model = Stack(HelperLevelMixer), Stack(HelperLevelMixer)
+    assert swap_causal_conv1d(model) == 2 and swap_causal_conv1d(model) == 0
+    assert is_swapped(model.layers[0]) and not is_swapped(plain.layers[0])
+    h = torch.randn(2, 9, 16)
+    y_plain = plain(h)
+    assert len(FALLBACK_CALLS) == 2 and not cake_calls
+    y = model(h)
+    assert len(cake_calls) == 2 and len(FALLBACK_CALLS) == 2, "the swapped layers reach cakeconv through the helper"
+    assert (y - y_plain).abs().max().item() < 1e-5
+    assert conv_forward.__globals__["causal_conv1d_fn"] is causal_conv1d_fn, "the module itself is untouched"
+    seq_idx = torch.tensor([[0] * 4 + [1] * 5] * 2, dtype=torch.int32)
+    y = model(h, seq_idx=seq_idx)
+    assert cake_calls[-1] is not None, "seq_idx passes through the helper's keywords"
+    assert (y[:, 4:] - model(h[:, 4:])).abs().max().item() < 1e-5
 
 
 def test_module_level_form_takes_seq_idx_and_ignores_other_keywords(cake_calls):
@@ -299,17 +342,33 @@ def tiny_config(**over):
     return transformers.Qwen3NextConfig(**fields)
 
 
+def _use_torch_delta_rules(monkeypatch, keep_function_modules=False):
+    from transformers.models.qwen3_next import modeling_qwen3_next as module
+
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    from bench_model_swap import torch_delta_rules as plain_rules
+
+    for name, fn in plain_rules().items():
+        assert not isinstance(fn, nn.Module) and not hasattr(fn, "__wrapped__"), name
+        if not (keep_function_modules and isinstance(getattr(module, name), nn.Module)):
+            monkeypatch.setattr(module, name, fn)
+
+
 @pytest.fixture
 def torch_delta_rules(monkeypatch):
     """transformers' PyTorch gated delta rules (chunked and recurrent) in place of the ones it
     resolved at import: flash-linear-attention's when ``fla`` imports (the ``test`` extra installs
     fla-core), whose Triton kernels need a GPU. Set before the swap, which copies the modeling
     module's globals."""
-    from transformers.models.qwen3_next import modeling_qwen3_next as module
+    _use_torch_delta_rules(monkeypatch)
 
-    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        rule = getattr(module, name)
-        monkeypatch.setattr(module, name, getattr(rule, "__wrapped__", rule))
+
+@pytest.fixture
+def cpu_delta_rules(monkeypatch):
+    """``torch_delta_rules`` for CPU inputs, where a rule that is a ``kernels`` function module
+    (transformers 5.25) is kept: its wrapper sends CPU inputs to the PyTorch rule itself, and the
+    module's private copies unpickle only when the global is still such a module."""
+    _use_torch_delta_rules(monkeypatch, keep_function_modules=True)
 
 
 def tiny_pair(device="cpu", dtype=torch.float32, **over):
@@ -367,6 +426,27 @@ def test_qwen3_next_swapped_against_unswapped_cpu(torch_delta_rules, cake_calls)
         want = plain.generate(prompt, max_new_tokens=5, do_sample=False)
         got = model.generate(prompt, max_new_tokens=5, do_sample=False)
     assert torch.equal(got, want)
+
+
+def test_qwen3_next_swap_is_per_instance_and_survives_copies(cpu_delta_rules, cake_calls):
+    """Whichever of the forms the installed transformers has (5.25 with ``kernels``: the layer's
+    private kernel function): an unswapped twin keeps transformers' function, and a swapped model
+    deep-copied or pickled is still swapped and gives the same logits."""
+    plain, model = tiny_pair()
+    assert swap_causal_conv1d(model) == 1
+    layer = next(m for m in model.modules() if is_swapped(m))
+    assert not any(is_swapped(m) for m in plain.modules())
+    ids = torch.randint(0, 96, (2, 19), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain(input_ids=ids)
+        assert not cake_calls, "the unswapped twin does not reach cakeconv"
+        want = model(input_ids=ids).logits
+        assert len(cake_calls) == 1
+        for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert sum(is_swapped(m) for m in twin.modules()) == 1
+            assert type(next(m for m in twin.modules() if is_swapped(m))).__name__ == type(layer).__name__
+            assert torch.equal(twin(input_ids=ids).logits, want)
+    assert len(cake_calls) == 3
 
 
 def test_model_swap_benchmark_dry_run(tmp_path):
