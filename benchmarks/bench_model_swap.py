@@ -150,13 +150,31 @@ def dao_forced():
         module.causal_conv1d_fn = saved
 
 
+def _plain_function(rule):
+    """transformers' own PyTorch function behind a decorated delta rule: the ``__wrapped__`` of its
+    fallback wrapper (which picks fla's kernel when fla imports), also when that wrapper sits in a
+    ``kernels`` function module (transformers 5.25: its forward holds the wrapper in a closure)."""
+    if isinstance(rule, torch.nn.Module):
+        inner = [c.cell_contents for c in type(rule).forward.__closure__ or () if callable(c.cell_contents)]
+        assert len(inner) == 1, f"a kernels function module holds one function, got {inner}"
+        rule = inner[0]
+    return getattr(rule, "__wrapped__", rule)
+
+
+def torch_delta_rules() -> dict:
+    """{name in the modeling module: transformers' PyTorch function} for its chunked and recurrent
+    gated delta rules."""
+    module = modeling_module()
+    return {name: _plain_function(getattr(module, name))
+            for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")}
+
+
 def use_torch_delta_rule() -> None:
     """transformers' PyTorch delta rules (chunked and recurrent) in place of fla's (every model built
     after this)."""
     module = modeling_module()
-    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        rule = getattr(module, name)
-        setattr(module, name, getattr(rule, "__wrapped__", rule))
+    for name, fn in torch_delta_rules().items():
+        setattr(module, name, fn)
 
 
 # ------------------------------------------------------------------------------------ stepping
