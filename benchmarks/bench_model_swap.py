@@ -9,7 +9,13 @@ seed, and times full training steps (forward, loss, backward, AdamW step, zero_g
   imports, else transformers' PyTorch fallback (the JSON says which);
 - ``cakeconv``: the same model after ``swap_causal_conv1d``;
 - ``dao``: Dao's function forced into the modeling module while that model runs (only when
-  causal-conv1d imports; it is then also what ``transformers`` runs, measured twice on purpose).
+  causal-conv1d imports; it is then also what ``transformers`` runs, measured twice on purpose:
+  the two rows' difference is the run's noise);
+- ``pytorch``: transformers' PyTorch fallback (one depthwise ``F.conv1d`` and SiLU) forced the same
+  way, i.e. what a user without causal-conv1d runs (only when causal-conv1d imports, since
+  ``transformers`` runs that fallback otherwise; not with ``--packed``, which it refuses).
+A forced row whose function was never called (a transformers that does not read the module's
+global at call time) is reported as failed.
 
 Protocol: one step per variant per round, the order rotating every round (benchmarks/timing.py,
 ``wall_samples``); each sample is the CUDA-synchronised wall time of one step; the first
@@ -40,6 +46,7 @@ import subprocess
 import sys
 
 import torch
+import torch.nn.functional as F
 
 from timing import percentile, wall_samples
 
@@ -131,23 +138,49 @@ def modeling_module():
     return modeling_qwen3_next
 
 
-@contextlib.contextmanager
-def dao_forced():
-    """The modeling module's causal_conv1d_fn is Dao's (keyword arguments it does not take dropped,
-    as transformers does) while the block runs."""
-    module = modeling_module()
-    dao_fn = cdao.dao_causal_conv1d()[0]
+class ConvForced:
+    """A context-manager factory: while its block runs, the modeling module's global
+    ``causal_conv1d_fn`` is ``fn`` (transformers 5.x's layers read that global at call time, form 2
+    of cakeconv.integrations.transformers), and ``calls`` counts the calls that reached it."""
+
+    def __init__(self, fn, runs: str):
+        self.fn, self.runs, self.calls = fn, runs, 0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        module = modeling_module()
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self.fn(*args, **kwargs)
+
+        saved = module.causal_conv1d_fn
+        module.causal_conv1d_fn = counted
+        try:
+            yield
+        finally:
+            module.causal_conv1d_fn = saved
+
+
+def dao_conv(x, weight, bias=None, **kwargs):
+    """Dao's ``causal_conv1d_fn``, the keyword arguments it does not take dropped (as transformers does)."""
     names = ("seq_idx", "initial_states", "return_final_states", "final_states_out", "activation")
+    return cdao.dao_causal_conv1d()[0](x, weight, bias, **{k: v for k, v in kwargs.items() if k in names})
 
-    def forced(x, weight, bias=None, **kwargs):
-        return dao_fn(x, weight, bias, **{k: v for k, v in kwargs.items() if k in names})
 
-    saved = module.causal_conv1d_fn
-    module.causal_conv1d_fn = forced
-    try:
-        yield
-    finally:
-        module.causal_conv1d_fn = saved
+def pytorch_conv(x, weight, bias=None, activation=None, **kwargs):
+    """transformers' PyTorch fallback, written out: y [B, D, T] = act(depthwise F.conv1d of x [B, D, T]
+    with weight [D, W], W - 1 left zero columns), computed in weight's dtype, returned in x's.
+    Refuses ``seq_idx`` as that fallback does (it cannot keep packed documents apart)."""
+    if kwargs.get("seq_idx") is not None:
+        raise ValueError("transformers' PyTorch fallback takes no seq_idx (run without --packed)")
+    _, D, T = x.shape
+    y = F.conv1d(x.to(weight.dtype), weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=D)[..., :T]
+    if activation in ("silu", "swish"):
+        y = F.silu(y)
+    else:
+        assert activation is None, f"Qwen3-Next's activation is silu, got {activation!r}"
+    return y.to(x.dtype)
 
 
 def _plain_function(rule):
@@ -213,8 +246,20 @@ def delta_rule_refused(args, config, device, dtype) -> bool:
         del model
 
 
+def checked(step, forced: ConvForced):
+    """``step``, failing (an error row) when no call reached the forced convolution."""
+    def run():
+        loss = step()
+        if forced.calls == 0:
+            raise RuntimeError(f"{forced.runs}: never called (this transformers does not read its modeling "
+                               f"module's causal_conv1d_fn at call time)")
+        return loss
+    return run
+
+
 def variants(args, config, device, dtype, batch):
-    """{name: (step, what runs the convolution)}."""
+    """{name: (step, what runs the convolution)}: transformers as installed, swapped, and where
+    causal-conv1d imports (so that transformers runs it), also Dao's and the PyTorch fallback forced."""
     dao = cdao.dao_causal_conv1d()
     plain = build_model(config, device, dtype)
     swapped = build_model(config, device, dtype)
@@ -227,8 +272,12 @@ def variants(args, config, device, dtype, batch):
                      f"cakeconv ({n_swapped} layers swapped)"),
     }
     if dao is not None:
-        forced = build_model(config, device, dtype)
-        out["dao"] = (make_step(forced, batch, dao_forced), "Dao's causal_conv1d_fn, forced")
+        forced = {"dao": ConvForced(dao_conv, "Dao's causal_conv1d_fn, forced")}
+        if not args.packed:
+            forced["pytorch"] = ConvForced(pytorch_conv, "transformers' PyTorch fallback (F.conv1d + SiLU), forced")
+        for name, conv in forced.items():
+            model = build_model(config, device, dtype)
+            out[name] = (checked(make_step(model, batch, conv), conv), conv.runs)
     return out
 
 

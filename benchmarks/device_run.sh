@@ -42,9 +42,10 @@
 #   flatests   the FLA drop-in's GPU tests, tests/test_integrations_fla.py (carry .fla; FLA autotunes every kernel on
 #              first use: a run of its own)                                           -> <gpu>_pytest_gpu_fla.log
 #   flaexample examples/train_fla_model.py, swapped and unswapped (carry .fla)        -> <gpu>_train_fla_model.{json,log}
-#   integrations the GPU tests of the Dao and transformers integrations and of FLA's context under KCP: first those
-#              that do not use Dao's build (while daobuild runs), then benchmarks/bench_model_swap.py, then the
-#              tests that compare with Dao's function (DAO_TESTS_K) (carry .fla)
+#   integrations the GPU tests of the Dao and transformers integrations and of FLA's context under KCP, once Dao's
+#              build is ready (their first Triton compiles beside a running nvcc build outlast pytest-timeout), each
+#              test at most TEST_TIMEOUT_S (300 s), all until INTEGRATION_TESTS_S (420 s); then
+#              benchmarks/bench_model_swap.py (SWAP_ARGS, until SWAP_S, 240 s) (carry .fla)
 #                                                                                     -> integrations.tgz
 #   multigpu   the multi-GPU test tier, tests/multigpu/run.sh NGPU                   -> <gpu>x<NGPU>_multigpu_tier.log
 # Kernel tools (the three steps add to one file, <gpu>_ncu_kernel_times.tgz)
@@ -237,25 +238,19 @@ for step in "$@"; do
     integrations) mkdir -p "$OUT/integrations"
          files=$(ls tests/test_integrations_dao.py tests/test_integrations_transformers.py tests/kcp/test_kcp_fla_context.py 2>/dev/null)
          # a test over TEST_TIMEOUT_S fails with its traceback instead of silencing the report (pytest-timeout)
-         per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout ${TEST_TIMEOUT_S:-200}")
-         peer_k=${DAO_TESTS_K:-beside_dao or swapped_against_unswapped_gpu}  # the tests that compare with Dao's build
-         int_tests() {  # int_tests PHASE LIMIT -k EXPR: the integration GPU tests selected, into one log per phase
-           local phase=$1 limit=$2; shift 2
-           timeout "$limit" python3 -m pytest -v -rf --tb=short -m gpu $files -p no:cacheprovider -n ${XDIST_INT:-3} \
-             $per_test "$@" > "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations_$phase.log" 2>&1
-           echo "integration tests, $phase: rc $?"
-           grep -E "FAILED|ERROR|SKIPPED| passed| failed|Timeout" "$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations_$phase.log" | tail -12
-         }
-         # (1) while Dao's build runs (daobuild), the tests that do not use it; (2) with Dao ready, the model-swap
-         # step times (its dao row), (3) then the tests that compare with Dao's function
-         [ -n "$files" ] && int_tests own ${INTEGRATION_TESTS_S:-240} -k "not ($peer_k)"
+         per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout ${TEST_TIMEOUT_S:-300}")
          wait_dao
+         if [ -n "$files" ]; then
+           log="$OUT/integrations/${GPU_TAG}_pytest_gpu_integrations.log"
+           timeout ${INTEGRATION_TESTS_S:-420} python3 -m pytest -v -rf --tb=short -m gpu $files -p no:cacheprovider \
+             -n ${XDIST_INT:-3} --durations=0 $per_test > "$log" 2>&1
+           echo "integration tests: rc $?"; grep -E "FAILED|ERROR|SKIPPED| passed| failed|Timeout" "$log" | tail -12
+         fi
          if [ -f benchmarks/bench_model_swap.py ]; then
-           timeout ${SWAP_S:-200} python3 benchmarks/bench_model_swap.py --out "$OUT/integrations" --name "${GPU_TAG}_model_swap" \
+           timeout ${SWAP_S:-240} python3 benchmarks/bench_model_swap.py --out "$OUT/integrations" --name "${GPU_TAG}_model_swap" \
              ${SWAP_ARGS:-} > "$OUT/integrations/${GPU_TAG}_model_swap.log" 2>&1
            echo "bench_model_swap: rc $?"; tail -15 "$OUT/integrations/${GPU_TAG}_model_swap.log"
          fi
-         [ -n "$files" ] && int_tests dao ${DAO_INTEGRATION_TESTS_S:-150} -k "$peer_k"
          pack integrations ;;
     multigpu) bash tests/multigpu/run.sh "$NGPU" 2>&1 | tee "$OUT/${GPU_TAG}x${NGPU}_multigpu_tier.log" | tail -30 ;;
     ncu) unpack "$KT_PACK"; mkdir -p "$OUT/$KT_PACK/ncu"

@@ -464,6 +464,32 @@ def test_model_swap_benchmark_dry_run(tmp_path):
     assert "cakeconv" in out.stdout and "vs transformers" in out.stdout
 
 
+def test_model_swap_benchmark_forced_rows_reach_their_function(tmp_path, monkeypatch):
+    """Where causal-conv1d imports, the benchmark adds the rows with Dao's function and the PyTorch
+    fallback forced into the modeling module; each must reach its function (a stand-in for Dao's
+    here: cakeconv's PyTorch implementation of its semantics) and start from the same loss."""
+    pytest.importorskip("transformers")
+    monkeypatch.syspath_prepend(os.path.join(REPO, "benchmarks"))
+    import bench_model_swap as bench
+    from cakeconv.integrations import dao as cdao
+
+    monkeypatch.setattr(cdao, "dao_causal_conv1d", lambda: (cdao.torch_causal_conv1d_fn, cdao.torch_causal_conv1d_update))
+    args = bench.parse_args(["--dry-run", "--out", str(tmp_path)])
+    _use_torch_delta_rules(monkeypatch)
+    config = bench.model_config(args)
+    batch = bench.make_batch(args, torch.device("cpu"))
+    subjects = bench.variants(args, config, torch.device("cpu"), torch.float32, batch)
+    assert set(subjects) == {"transformers", "cakeconv", "dao", "pytorch"}
+    losses = {name: float(step()) for name, (step, _) in subjects.items()}
+    assert max(losses.values()) - min(losses.values()) < 1e-4, losses
+
+    never = bench.ConvForced(bench.pytorch_conv, "a function no layer calls")
+    with pytest.raises(RuntimeError, match="never called"):
+        bench.checked(lambda: torch.zeros(()), never)()
+    with pytest.raises(ValueError, match="seq_idx"):
+        bench.pytorch_conv(torch.zeros(1, 2, 3), torch.zeros(2, 4), seq_idx=torch.zeros(1, 3, dtype=torch.int32))
+
+
 # ---------------------------------------------------------------------------------------- GPU
 
 def _step_ms(model, ids, steps=5):
