@@ -23,6 +23,13 @@ _n_gpus = int(os.environ.get("CAKECONV_TEST_GPUS", "0") or 0)
 if _worker.startswith("gw") and _n_gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(int(_worker[2:]) % _n_gpus)
 
+# Under pytest-xdist each worker takes its share of the cores for torch's CPU ops: three workers of
+# 16 OpenMP threads each on a 16-core GPU machine made the float64 oracles of the GPU tests (many
+# small F.conv1d calls) take over 130 s instead of a second (three workers, test_integrations_dao).
+if _worker.startswith("gw"):
+    _n_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _n_workers))
+
 from tests.helpers import INTERPRET
 
 
