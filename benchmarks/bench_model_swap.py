@@ -162,10 +162,15 @@ class ConvForced:
             module.causal_conv1d_fn = saved
 
 
-def dao_conv(x, weight, bias=None, **kwargs):
-    """Dao's ``causal_conv1d_fn``, the keyword arguments it does not take dropped (as transformers does)."""
+def dao_conv(dao_fn):
+    """Dao's ``causal_conv1d_fn`` called as transformers calls it: the keyword arguments it does not
+    take dropped."""
     names = ("seq_idx", "initial_states", "return_final_states", "final_states_out", "activation")
-    return cdao.dao_causal_conv1d()[0](x, weight, bias, **{k: v for k, v in kwargs.items() if k in names})
+
+    def conv(x, weight, bias=None, **kwargs):
+        return dao_fn(x, weight, bias, **{k: v for k, v in kwargs.items() if k in names})
+
+    return conv
 
 
 def pytorch_conv(x, weight, bias=None, activation=None, **kwargs):
@@ -272,7 +277,7 @@ def variants(args, config, device, dtype, batch):
                      f"cakeconv ({n_swapped} layers swapped)"),
     }
     if dao is not None:
-        forced = {"dao": ConvForced(dao_conv, "Dao's causal_conv1d_fn, forced")}
+        forced = {"dao": ConvForced(dao_conv(dao[0]), "Dao's causal_conv1d_fn, forced")}
         if not args.packed:
             forced["pytorch"] = ConvForced(pytorch_conv, "transformers' PyTorch fallback (F.conv1d + SiLU), forced")
         for name, conv in forced.items():

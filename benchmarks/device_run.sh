@@ -43,8 +43,8 @@
 #              first use: a run of its own)                                           -> <gpu>_pytest_gpu_fla.log
 #   flaexample examples/train_fla_model.py, swapped and unswapped (carry .fla)        -> <gpu>_train_fla_model.{json,log}
 #   integrations the GPU tests of the Dao and transformers integrations and of FLA's context under KCP, once Dao's
-#              build is ready (their first Triton compiles beside a running nvcc build outlast pytest-timeout), each
-#              test at most TEST_TIMEOUT_S (300 s), all until INTEGRATION_TESTS_S (420 s); then
+#              build is ready (two of them compare with it, and its nvcc jobs take every core), each test at most
+#              TEST_TIMEOUT_S (300 s), all until INTEGRATION_TESTS_S (420 s); then
 #              benchmarks/bench_model_swap.py (SWAP_ARGS, until SWAP_S, 240 s) (carry .fla)
 #                                                                                     -> integrations.tgz
 #   multigpu   the multi-GPU test tier, tests/multigpu/run.sh NGPU                   -> <gpu>x<NGPU>_multigpu_tier.log
