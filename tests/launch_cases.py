@@ -9,7 +9,8 @@ Each case is a function ``case(device, backend) -> dict`` that runs the public A
 backward and returns its results by name. Shape legend: S tokens, C channels, B batch rows,
 T row length, P ranks.
 
-Which case reaches which value (kernel argument: values):
+Cases ending in ``_W<k>`` run width k, ``_none`` without the activation (SPEC 1b): each (W, activation)
+compiles its own kernels. Which case reaches which value (kernel argument: values):
     forward, one-group main kernel    S: 1..4, 16, 17, 32, 100, 1000, 4096; C8: 1 (C = 8), 2, 3,
                                       16 (C = 128), 17 (C = 136); n_seg: 1, 3, 16, 17;
                                       seq_len: 1 ([B, 1, C]), 16, 17
@@ -43,25 +44,25 @@ def cannot_be_one(kernel: str, arg: str) -> bool:
     return arg in CANNOT_BE_ONE or (kernel, arg) in CANNOT_BE_ONE
 
 
-def _inputs(S, C, seed, device, dtype=torch.bfloat16, wdtype=torch.float32, bias=True):
+def _inputs(S, C, seed, device, dtype=torch.bfloat16, wdtype=torch.float32, bias=True, width=4):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(S, C, generator=g).to(dtype)
     dy = torch.randn(S, C, generator=g).to(dtype)
-    w = (torch.randn(C, 4, generator=g) * 0.5).to(wdtype)
+    w = (torch.randn(C, width, generator=g) * 0.5).to(wdtype)
     b = (torch.randn(C, generator=g) * 0.5).to(wdtype) if bias else None
     return [t.to(device) if t is not None else None for t in (x, dy, w, b)]
 
 
 def _single(S, C, cu, device, backend, seed=0, shape=None, bias=True, dtype=torch.bfloat16, wdtype=torch.float32,
-            cu_dtype=torch.int32):
+            cu_dtype=torch.int32, width=4, activation="silu"):
     """Forward + backward of the single-rank op; x viewed as ``shape`` if given ([B, T, C])."""
-    x, dy, w, b = _inputs(S, C, seed, device, dtype, wdtype, bias)
+    x, dy, w, b = _inputs(S, C, seed, device, dtype, wdtype, bias, width)
     if shape is not None:
         x, dy = x.view(shape), dy.view(shape)
     cu_t = None if cu is None else torch.tensor(cu, dtype=cu_dtype, device=device)
     leaves = [t.clone().requires_grad_(True) for t in (x, w) + ((b,) if b is not None else ())]
     y = cake_causal_conv1d_det(leaves[0], leaves[1], leaves[2] if b is not None else None, cu_seqlens=cu_t,
-                               backend=backend)
+                               activation=activation, backend=backend)
     y.backward(dy)
     out = {"y": y.detach(), "dx": leaves[0].grad, "dw": leaves[1].grad}
     if b is not None:
@@ -69,15 +70,15 @@ def _single(S, C, cu, device, backend, seed=0, shape=None, bias=True, dtype=torc
     return out
 
 
-def _kcp(cu, fragments, C, device, backend, seed=0):
+def _kcp(cu, fragments, C, device, backend, seed=0, width=4, activation="silu"):
     """Forward + backward of the KCP op on a 1-rank context with an explicit fragment table
     (the fragments' halos come from the same rank: the row kernels and the halo gather run)."""
     T = cu[-1]
-    x, dy, w, b = _inputs(T, C, seed, device)
+    x, dy, w, b = _inputs(T, C, seed, device, width=width)
     ctx = build_kcp_context(torch.tensor(cu, dtype=torch.int32, device=device), fragments=[fragments])
     xl = ctx.shard(x).requires_grad_(True)
     wl, bl = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
-    y = cake_causal_conv1d_det_kcp(xl, wl, ctx, bias=bl, backend=backend)
+    y = cake_causal_conv1d_det_kcp(xl, wl, ctx, bias=bl, activation=activation, backend=backend)
     y.backward(ctx.shard(dy))
     return {"y": y.detach(), "dx": xl.grad, "dw": wl.grad, "db": bl.grad, "index": ctx.local_token_indices,
             "fix_fwd": ctx.fix_fwd_rows.numel(), "fix_bwd": ctx.fix_bwd_rows.numel(), "segments": ctx.num_segments}
@@ -112,6 +113,17 @@ SINGLE_CASES = {
     # two groups with C8 = 16, 8208 one-token rows (n_seg = 8208, seq_len = 1): the main kernel's
     # values that the cases above reach only with one group (the one-group kernel)
     "S8208_C128_B8208_T1": (8208, 128, None, (8208, 1, 128), False, torch.bfloat16, torch.float32),
+    # other widths and no activation (SPEC 1b): W and the activation are compile-time constants of the
+    # kernels, so each (W, activation) is its own set of compiled kernels; (..., width, activation)
+    "S1_C8_one_doc_W2": (1, 8, [0, 1], None, True, torch.bfloat16, torch.float32, 2, "silu"),
+    "S100_C16_15_docs_W2_none": (100, 16, _cu_every(100, 15), None, False, torch.bfloat16, torch.float32, 2, None),
+    "S4_C8_B4_T1_W3_none": (4, 8, None, (4, 1, 8), True, torch.bfloat16, torch.bfloat16, 3, None),
+    "S16385_C16_2_groups_W3_none": (16385, 16, [0, 16385], None, True, torch.bfloat16, torch.float32, 3, None),
+    "S800_C24_3_docs_W5": (800, 24, [0, 300, 301, 800], None, True, torch.bfloat16, torch.float32, 5, "silu"),
+    "S17_C136_17_docs_W7_none": (17, 136, list(range(18)), None, False, torch.float16, torch.float32, 7, None),
+    "S4096_C128_16_docs_W8": (4096, 128, _cu_every(4096, 16), None, True, torch.bfloat16, torch.float32, 8, "silu"),
+    "S131072_C8_16_groups_W8_none": (16 * 8192, 8, [0, 5, 16 * 8192], None, True, torch.bfloat16, torch.float32, 8,
+                                     None),
 }
 
 def _two_token_docs(n):
@@ -133,19 +145,42 @@ KCP_CASES = {
     "multi_hop": ([0, 9, 17], [(4, 5), (0, 2), (9, 10), (5, 6), (2, 4), (10, 17), (6, 9)], 24),
     # 16 documents of 20 tokens, cut in halves placed far apart: 48 rows each way, 32 segments
     "halves": (_cu_every(320, 16), [(a, a + 10) for a in range(0, 320, 20)] + [(a + 10, a + 20) for a in range(0, 320, 20)], 128),
+    # other widths: halos of W - 1 rows over several 1- and 2-token fragments; (..., width, activation)
+    "multi_hop_W8_none": ([0, 9, 17], [(4, 5), (0, 2), (9, 10), (5, 6), (2, 4), (10, 17), (6, 9)], 24, 8, None),
+    "one_row_bwd_W3": ([0, 40], [(1, 40), (0, 1)], 8, 3, "silu"),
+    "sixteen_W2_none": (*_two_token_docs(16), 16, 2, None),
 }
 
 
 def run_single(name, device, backend):
-    S, C, cu, shape, bias, dtype, wdtype = SINGLE_CASES[name]
+    S, C, cu, shape, bias, dtype, wdtype, *width_act = SINGLE_CASES[name]
+    width, activation = width_act or (4, "silu")
     cu_dtype = torch.int64 if name.endswith("int64_cu") else torch.int32
     return _single(S, C, cu, device, backend, seed=S + C, shape=shape, bias=bias, dtype=dtype, wdtype=wdtype,
-                   cu_dtype=cu_dtype)
+                   cu_dtype=cu_dtype, width=width, activation=activation)
+
+
+def kcp_case(name):
+    """(cu, fragments, C, width, activation) of a KCP case."""
+    cu, fragments, C, *width_act = KCP_CASES[name]
+    return (cu, fragments, C, *(width_act or (4, "silu")))
 
 
 def run_kcp(name, device, backend):
-    cu, fragments, C = KCP_CASES[name]
-    return _kcp(cu, fragments, C, device, backend, seed=len(fragments))
+    cu, fragments, C, width, activation = kcp_case(name)
+    return _kcp(cu, fragments, C, device, backend, seed=len(fragments), width=width, activation=activation)
+
+
+def run_kcp_single_rank(name, device, backend):
+    """The single-rank op (forward + backward) on the whole batch and inputs of a KCP case:
+    {"y", "dx", "dw", "db"} in global token order, what every KCP rank must match."""
+    cu, fragments, C, width, activation = kcp_case(name)
+    x, dy, w, b = _inputs(cu[-1], C, len(fragments), device, width=width)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    y = cake_causal_conv1d_det(*leaves, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+                               activation=activation, backend=backend)
+    y.backward(dy)
+    return {"y": y.detach(), "dx": leaves[0].grad, "dw": leaves[1].grad, "db": leaves[2].grad}
 
 
 class DroppedMessagesGroup:

@@ -15,7 +15,8 @@ from cakeconv import (
     cake_causal_conv1d_det_train_forward,
 )
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, launch as triton_launch, tuning
-from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
+from cakeconv.oracle import (causal_conv1d_oracle, causal_conv1d_oracle_backward, causal_conv1d_silu_oracle,
+                             causal_conv1d_silu_oracle_backward)
 from tests.helpers import TOLERANCES, backward_tree_from_nodes, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -32,16 +33,16 @@ def _random_docs(S, gen, mean=3000):
     return torch.tensor(cuts, dtype=torch.int32, device=DEV)
 
 
-def _inputs(S, C, seed, dtype=torch.bfloat16, wdtype=torch.float32):
+def _inputs(S, C, seed, dtype=torch.bfloat16, wdtype=torch.float32, width=4):
     gen = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(S, C, generator=gen, device=DEV).to(dtype)
     dy = torch.randn(S, C, generator=gen, device=DEV).to(dtype)
-    w = (torch.randn(C, 4, generator=gen, device=DEV) * 0.5).to(wdtype)
+    w = (torch.randn(C, width, generator=gen, device=DEV) * 0.5).to(wdtype)
     b = (torch.randn(C, generator=gen, device=DEV) * 0.5).to(wdtype)
     return x, w, b, dy
 
 
-def _reference_by_channel_blocks(x, w, b, dy, cu, block=1024):
+def _reference_by_channel_blocks(x, w, b, dy, cu, block=1024, activation="silu"):
     """(y, dx, dweight, dbias) of the reference backend, run on ``block`` channels at a time.
 
     The conv is depthwise, so each block is the same problem on its channels. Whole, the reference
@@ -52,8 +53,9 @@ def _reference_by_channel_blocks(x, w, b, dy, cu, block=1024):
     for c0 in range(0, x.shape[1], block):
         cs = slice(c0, c0 + block)
         x_b, dy_b = x[:, cs].contiguous(), dy[:, cs].contiguous()
-        y_b = cake_causal_conv1d_det_train_forward(x_b, w[cs], b[cs], cu, backend="reference")
-        outs.append((y_b, *cake_causal_conv1d_det_train_backward(dy_b, x_b, w[cs], b[cs], cu, backend="reference")))
+        y_b = cake_causal_conv1d_det_train_forward(x_b, w[cs], b[cs], cu, activation=activation, backend="reference")
+        outs.append((y_b, *cake_causal_conv1d_det_train_backward(dy_b, x_b, w[cs], b[cs], cu, activation=activation,
+                                                                 backend="reference")))
     y, dx, dw, db = (torch.cat(parts, dim=1 if i < 2 else 0) for i, parts in enumerate(zip(*outs)))
     return y, dx, dw, db
 
@@ -87,21 +89,55 @@ def test_gpu_matches_reference_and_oracle(S, C):
 
 EVERY_CONFIG_S = 100003  # rows of test_gpu_every_config_gives_the_same_bits (odd: a partial last program)
 
+# Other widths and no activation (SPEC 1b): the seed mix and 1-8-token documents (the per-token
+# segment-index path), C = 512 (the fast masked-loop branch) and 1160 (masked channels).
+@pytest.mark.parametrize("W,activation", [(2, "silu"), (3, None), (5, "silu"), (7, None), (8, "silu"), (8, None),
+                                          (4, None)])
+@pytest.mark.parametrize("S,C,mean", [(250340, 512, 3000), (100003, 1160, 4)])
+def test_gpu_widths_match_reference_and_oracle_and_repeat_bitwise(S, C, mean, W, activation):
+    gen = torch.Generator().manual_seed(S + W)
+    cu = _random_docs(S, gen, mean=mean)
+    x, w, b, dy = _inputs(S, C, seed=W, width=W)
+    y = cake_causal_conv1d_det_train_forward(x, w, b, cu, activation=activation)
+    dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation)
+    assert dw.shape == (C, W)
+    y_ref, dx_r, dw_r, db_r = _reference_by_channel_blocks(x, w, b, dy, cu, activation=activation)
+    assert rel_err(y, y_ref) < TOLERANCES[torch.bfloat16] and rel_err(dx, dx_r) < TOLERANCES[torch.bfloat16]
+    assert rel_err(dw, dw_r) < 1e-5 and rel_err(db, db_r) < 1e-5
+    cols = torch.arange(0, C, C // 16, device=DEV)[:16]
+    xs, dys, ws_, bs, cu_c = x[:, cols].cpu(), dy[:, cols].cpu(), w[cols].cpu(), b[cols].cpu(), cu.cpu()
+    assert rel_err(y[:, cols], causal_conv1d_oracle(xs, ws_, bs, cu_c, activation)) < TOLERANCES[torch.bfloat16]
+    dxo, dwo, dbo = causal_conv1d_oracle_backward(dys, xs, ws_, bs, cu_c, activation)
+    assert rel_err(dx[:, cols], dxo) < TOLERANCES[torch.bfloat16] and rel_err(dw[cols], dwo) < 1e-4
+    y2 = cake_causal_conv1d_det_train_forward(x, w, b, cu, activation=activation)
+    dx2, dw2, db2 = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation)
+    assert torch.equal(y, y2) and torch.equal(dx, dx2) and torch.equal(dw, dw2) and torch.equal(db, db2)
+    # every configuration the tuner may pick gives the same bits (fixed summation order)
+    for cfg in tuning.FWD_CONFIGS:
+        y_cfg = torch.full_like(x, float("nan"))
+        triton_launch.triton_forward(x, w, b, cu, None, y_cfg, config=cfg, activation=activation)
+        assert torch.equal(y_cfg, y), cfg
+    for cfg in tuning.BWD_CONFIGS:
+        for a, c in zip(_backward_with(dy, x, w, b, cu, cfg, activation), (dx, dw, db)):
+            assert torch.equal(a, c), cfg
+
+
 # One test item per (C, configuration): each item compiles one configuration's kernels, so xdist
 # spreads the compiles over its workers (one item per C compiled 14 in one worker, minutes cold).
 _CONFIGS = [("fwd", cfg) for cfg in tuning.FWD_CONFIGS] + [("bwd", cfg) for cfg in tuning.BWD_CONFIGS]
 _CONFIG_IDS = [f"fwd{i}" for i in range(len(tuning.FWD_CONFIGS))] + [f"bwd{i}" for i in range(len(tuning.BWD_CONFIGS))]
 
 
-def _backward_with(dy, x, w, b, cu, cfg):
+def _backward_with(dy, x, w, b, cu, cfg, activation="silu"):
     """(dx, dw, db) of the Triton backward under configuration cfg (None: the tuner's pick),
     every output and the workspace filled with NaN first."""
     S, C = x.shape
+    W = w.shape[1]
     dx = torch.full_like(x, float("nan"))
-    dw = torch.full((C, 4), float("nan"), device=DEV)
+    dw = torch.full((C, W), float("nan"), device=DEV)
     db = torch.full((C,), float("nan"), device=DEV)
-    ws = torch.full((triton_launch.backward_workspace_floats(S, C),), float("nan"), device=DEV)
-    triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+    ws = torch.full((triton_launch.backward_workspace_floats(S, C, W),), float("nan"), device=DEV)
+    triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg, activation=activation)
     return dx, dw, db
 
 

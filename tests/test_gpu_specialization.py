@@ -19,7 +19,6 @@ import os
 import pytest
 import torch
 
-from cakeconv import cake_causal_conv1d_det
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
 from tests import launch_cases
 from tests.helpers import TOLERANCES, rel_err
@@ -82,16 +81,12 @@ def test_kcp_case_is_bitwise_the_single_rank_op(name):
         got = launch_cases.run_kcp(name, DEV, "triton")
     torch.cuda.synchronize()
     _record(launches)
-    cu, fragments, C = launch_cases.KCP_CASES[name]
-    x, dy, w, b = launch_cases._inputs(cu[-1], C, len(fragments), DEV)
-    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
-    y = cake_causal_conv1d_det(*leaves, cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=DEV))
-    y.backward(dy)
+    one = launch_cases.run_kcp_single_rank(name, DEV, "triton")
     idx = got["index"]
-    assert torch.equal(got["y"], y.detach()[idx]), name
-    assert torch.equal(got["dx"], leaves[0].grad[idx]), name
+    assert torch.equal(got["y"], one["y"][idx]), name
+    assert torch.equal(got["dx"], one["dx"][idx]), name
     # one rank holds every token: its partial sums are the whole sums (in its own row order)
-    assert rel_err(got["dw"], leaves[1].grad) < 1e-5 and rel_err(got["db"], leaves[2].grad) < 1e-5, name
+    assert rel_err(got["dw"], one["dw"]) < 1e-5 and rel_err(got["db"], one["db"]) < 1e-5, name
     ref = launch_cases.run_kcp(name, DEV, "reference")
     assert rel_err(got["y"], ref["y"]) < TOLERANCES[torch.bfloat16] and rel_err(got["dx"], ref["dx"]) < TOLERANCES[torch.bfloat16]
 

@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from cakeconv import cake_causal_conv1d_det
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import build_rank_plans, layout_fragments
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.launch import (
@@ -112,7 +111,7 @@ def test_kcp_row_list_kernels_stay_inside_their_buffers(P):
 # Only the cases of at most 24 channels and 2**14 elements: the others take 20 s to 3 min each in the
 # interpreter (CI's budget); the GPU test tests/test_gpu_specialization.py runs them all.
 SMALL_SINGLE = [n for n, (S, C, *_rest) in launch_cases.SINGLE_CASES.items() if C <= 24 and S * C <= 2 ** 14]
-SMALL_KCP = [n for n, (_cu, _frags, C) in launch_cases.KCP_CASES.items() if C <= 24]
+SMALL_KCP = [n for n in launch_cases.KCP_CASES if launch_cases.kcp_case(n)[2] <= 24]
 
 
 @pytest.mark.parametrize("name", SMALL_SINGLE)
@@ -132,14 +131,10 @@ def test_single_rank_launch_case_in_bounds_and_matches_reference(name):
 def test_kcp_launch_case_in_bounds_and_bitwise_the_single_rank_op(name):
     with checked_memory():
         got = launch_cases.run_kcp(name, "cpu", "triton")
-        cu, fragments, C = launch_cases.KCP_CASES[name]
-        x, dy, w, b = launch_cases._inputs(cu[-1], C, len(fragments), "cpu")
-        leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
-        y = cake_causal_conv1d_det(*leaves, cu_seqlens=torch.tensor(cu, dtype=torch.int32), backend="triton")
-        y.backward(dy)
+        one = launch_cases.run_kcp_single_rank(name, "cpu", "triton")
     idx = got["index"]
-    assert torch.equal(got["y"], y.detach()[idx]), name
-    assert torch.equal(got["dx"], leaves[0].grad[idx]), name
+    assert torch.equal(got["y"], one["y"][idx]), name
+    assert torch.equal(got["dx"], one["dx"][idx]), name
 
 
 @pytest.mark.parametrize("name", list(launch_cases.RANK_CASES))

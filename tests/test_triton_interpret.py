@@ -12,17 +12,19 @@ import torch
 from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, launch as triton_launch
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.tuning import BwdConfig, FwdConfig
-from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
+from cakeconv.oracle import (causal_conv1d_oracle, causal_conv1d_oracle_backward, causal_conv1d_silu_oracle,
+                             causal_conv1d_silu_oracle_backward)
 from tests.helpers import TOLERANCES, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err
 
 pytestmark = pytest.mark.interpret
 
 
-def _both(x, w, b, cu, dy):
+def _both(x, w, b, cu, dy, activation="silu"):
     out = {}
     for backend in ("triton", "reference"):
-        y = cake_causal_conv1d_det_train_forward(x, w, b, cu, backend=backend)
-        out[backend] = (y,) + tuple(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend=backend))
+        y = cake_causal_conv1d_det_train_forward(x, w, b, cu, activation=activation, backend=backend)
+        out[backend] = (y,) + tuple(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation,
+                                                                          backend=backend))
     return out["triton"], out["reference"]
 
 
@@ -61,6 +63,32 @@ def test_triton_matches_reference_and_oracle(S, C, dtype, wdtype, bias):
     assert rel_err(tri[1], dxo) < TOLERANCES[dtype] and rel_err(tri[2], dwo) < 2e-5
 
 
+# Other widths and no activation (SPEC 1b): W and the activation are compile-time constants of the
+# kernels. S = 200 at R = 2 x 8-row programs: programs with few and with many segments, halos of up
+# to 7 rows across 1-3-token documents; bias on and off, both tap dtypes.
+WIDTH_CASES = [(2, None, True, torch.float32), (3, "silu", False, torch.bfloat16), (5, None, False, torch.float32),
+               (7, "silu", True, torch.float32), (8, None, True, torch.bfloat16), (8, "silu", False, torch.float32)]
+
+
+@pytest.mark.parametrize("W,activation,bias,wdtype", WIDTH_CASES)
+def test_triton_width_and_activation_match_reference_and_oracle(W, activation, bias, wdtype):
+    S, C, dtype = 200, 16, torch.bfloat16
+    cu = random_cu_seqlens(S, torch.Generator().manual_seed(W))
+    x, w, b, dy = make_inputs(S, C, dtype=dtype, wdtype=wdtype, bias=bias, seed=W, width=W)
+    tri, ref = _both(x, w, b, cu, dy, activation)
+    assert tri[2].shape == (C, W)
+    assert _ulp_close(tri[0], ref[0], dtype), "y"
+    assert _ulp_close(tri[1], ref[1], dtype), "dx"
+    assert rel_err(tri[2], ref[2]) < 1e-5
+    if bias:
+        assert rel_err(tri[3], ref[3]) < 1e-5
+    assert rel_err(tri[0], causal_conv1d_oracle(x, w, b, cu, activation)) < TOLERANCES[dtype]
+    dxo, dwo, dbo = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
+    assert rel_err(tri[1], dxo) < TOLERANCES[dtype] and rel_err(tri[2], dwo) < 2e-5
+    again = _both(x, w, b, cu, dy, activation)[0]
+    assert all(torch.equal(p, q) for p, q in zip(tri, again) if p is not None), "bitwise on every call"
+
+
 def test_triton_uniform_batch_equals_packed_bitwise():
     B, T, C = 2, 150, 16
     x, w, b, dy = make_inputs(B * T, C, seed=4)
@@ -74,36 +102,38 @@ def test_triton_uniform_batch_equals_packed_bitwise():
     assert torch.equal(g_u[1], g_p[1]) and torch.equal(g_u[2], g_p[2])
 
 
-def test_triton_tuning_never_changes_bits():
-    """Every tile shape gives the same y, dx, dweight and dbias bits (fixed summation order).
+@pytest.mark.parametrize("W,activation,n_cfgs", [(4, "silu", 6), (8, None, 3)])
+def test_triton_tuning_never_changes_bits(W, activation, n_cfgs):
+    """Every tile shape gives the same y, dx, dweight and dbias bits (fixed summation order), at
+    the seed's width (all tile shapes) and at W = 8 without activation (the first n_cfgs of them).
 
     S = 330: six 64-row leaves, two programs of the 4-leaf configurations (CI time: 520 took 133 s)."""
     S, C = 330, 32
     gen = torch.Generator().manual_seed(5)
     cu = random_cu_seqlens(S, gen, short=False)
-    x, w, b, dy = make_inputs(S, C, seed=6)
+    x, w, b, dy = make_inputs(S, C, seed=6, width=W)
     fwd_cfgs = [FwdConfig(1, 8, 32, 1), FwdConfig(2, 16, 16, 1, stages=4), FwdConfig(4, 4, 8, 1), FwdConfig(2, 8, 16, 1, stages=3)]
     ys = []
-    for cfg in fwd_cfgs:
+    for cfg in fwd_cfgs[:n_cfgs]:
         y = torch.empty_like(x)
-        triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg)
+        triton_launch.triton_forward(x, w, b, cu, None, y, config=cfg, activation=activation)
         ys.append(y)
     assert all(torch.equal(ys[0], y) for y in ys[1:])
     bwd_cfgs = [BwdConfig(1, 32, 1), BwdConfig(2, 16, 1, stages=3), BwdConfig(4, 8, 1), BwdConfig(2, 16, 1, stages=4),
                 BwdConfig(2, 16, 1, step_branch=True), BwdConfig(4, 8, 1, stages=3, step_branch=True)]
     outs = []
-    n_ws = triton_launch.backward_workspace_floats(S, C)
-    for cfg in bwd_cfgs:
+    n_ws = triton_launch.backward_workspace_floats(S, C, W)
+    for cfg in bwd_cfgs[-n_cfgs:]:
         dx = torch.empty_like(x)
-        dw = torch.empty(C, 4)
+        dw = torch.empty(C, W)
         db = torch.empty(C)
         ws = torch.full((n_ws,), float("nan"))
-        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg)
+        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=cfg, activation=activation)
         outs.append((dx, dw, db))
     for o in outs[1:]:
         for a, c in zip(outs[0], o):
             assert torch.equal(a, c)
-    dxr, dwr, dbr = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, backend="reference")
+    dxr, dwr, dbr = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation, backend="reference")
     assert rel_err(outs[0][1], dwr) < 1e-5
 
 

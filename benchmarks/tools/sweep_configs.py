@@ -8,6 +8,7 @@ and commit, when --out is given.
     python benchmarks/tools/sweep_configs.py --C 128,512,2048,8192 --out $OUT
     python benchmarks/tools/sweep_configs.py --C 128,256 --doc-mix seed \
         --extra "bwd:R=2,BC=128,num_warps=2,stages=4,maxnreg=128" --out $OUT
+    python benchmarks/tools/sweep_configs.py --C 512,2048 --width 8 --activation none --doc-mix uniform:1-64
 
 ``--extra`` adds configurations that tuning.py does not list (``fwd:`` or ``bwd:`` then the
 dataclass fields, several separated by ``;``), to try one before it becomes a candidate.
@@ -74,18 +75,22 @@ def sweep_pass(pass_, C, picks, sets, inputs, cu, args, clock, bw):
     """Time every configuration of ``picks`` for one pass at one C; one row each (also printed)."""
     S = args.S
     w, b, ws, dw, db = inputs
+    act = None if args.activation == "none" else args.activation
     rows = []
     for cfg in picks:
         if pass_ == "fwd":
-            fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg) for s in sets]
+            fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg, activation=act)
+                   for s in sets]
         else:
-            fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg)
+            fns = [lambda s=s: triton_launch.triton_backward(s[1], s[0], w, b, cu, None, s[3], ws, dw, db, config=cfg,
+                                                             activation=act)
                    for s in sets]
         ms = time_calls(clock, fns, args.reps)
         frac = (4 if pass_ == "fwd" else 6) * S * C / ms / 1e6 / bw
         rows.append(dict(pass_=pass_, C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc,
-                         doc_mix=args.doc_mix, n_docs=cu.numel() - 1, bias=args.bias))
-        print(f"{pass_} C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
+                         doc_mix=args.doc_mix, n_docs=cu.numel() - 1, bias=args.bias, width=args.width,
+                         activation=args.activation))
+        print(f"{pass_} W={args.width} {args.activation} C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
     return rows
 
 
@@ -97,7 +102,8 @@ def parse_args():
     ap.add_argument("--out", default=None)
     ap.add_argument("--passes", default="fwd,bwd")
     ap.add_argument("--picks", action="store_true",
-                    help="only the configuration tuning.py picks for each C (to compare code versions in one run)")
+                    help="only the configuration tuning.py picks for each C (to compare code versions in one run; "
+                         "with --extra: the pick and --extra's configurations)")
     ap.add_argument("--mean-doc", type=int, default=3000,
                     help="mean document length (uniform in 1..2*mean); larger than S: one document, no masked programs")
     ap.add_argument("--doc-mix", default=None,
@@ -105,6 +111,8 @@ def parse_args():
     ap.add_argument("--extra", default=None,
                     help='configurations to add, e.g. "fwd:R=8,SUB=16,BC=128,num_warps=4,stages=4,maxnreg=128;bwd:R=2,BC=128,num_warps=2"')
     ap.add_argument("--bias", choices=("yes", "no"), default="yes")
+    ap.add_argument("--width", type=int, default=4, help="taps W (2..8)")
+    ap.add_argument("--activation", choices=("silu", "none"), default="silu")
     ap.add_argument("--shard", default="0/1", metavar="I/N",
                     help="only every N-th configuration from the I-th (compile warm-ups in N processes)")
     return ap.parse_args()
@@ -115,10 +123,10 @@ def candidates(pass_, C, args, extra, has_bias):
     this process's shard of them."""
     shard, n_shards = (int(v) for v in args.shard.split("/"))
     if pass_ == "fwd":
-        picks = [tuning.pick_fwd_config(C, 2, False)] if args.picks else fwd_candidates(C) + extra["fwd"]
+        picks = ([tuning.pick_fwd_config(C, 2, False, width=args.width)] if args.picks else fwd_candidates(C)) + extra["fwd"]
     else:
-        picks = ([tuning.pick_bwd_config(C, 2, False, has_bias=has_bias)] if args.picks
-                 else bwd_candidates(C) + extra["bwd"])
+        picks = ([tuning.pick_bwd_config(C, 2, False, has_bias=has_bias, width=args.width)] if args.picks
+                 else bwd_candidates(C)) + extra["bwd"]
     return picks[shard::n_shards]
 
 
@@ -140,10 +148,10 @@ def main():
             x = torch.randn(S, C, device="cuda").bfloat16()
             dy = torch.randn(S, C, device="cuda").bfloat16()
             sets.append((x, dy, torch.empty_like(x), torch.empty_like(x)))
-        w = torch.randn(C, 4, device="cuda")
+        w = torch.randn(C, args.width, device="cuda")
         b = torch.randn(C, device="cuda") if args.bias == "yes" else None
-        ws = torch.empty(triton_launch.backward_workspace_floats(S, C), device="cuda")
-        dw = torch.empty(C, 4, device="cuda")
+        ws = torch.empty(triton_launch.backward_workspace_floats(S, C, args.width), device="cuda")
+        dw = torch.empty(C, args.width, device="cuda")
         db = torch.empty(C, device="cuda") if b is not None else None
         for pass_ in ("fwd", "bwd"):
             if pass_ in args.passes:
@@ -158,7 +166,7 @@ def main():
                 best = min(cand, key=lambda r: r["ms"])
                 print(f"{p} C={C:5d} best {best['cfg']} {best['ms']:.4f} ms frac {best['frac']:.3f}")
     if args.out:
-        with open(f"{args.out}/sweep_configs.jsonl", "w") as f:
+        with open(f"{args.out}/sweep_configs_W{args.width}_{args.activation}.jsonl", "w") as f:
             for r in rows:
                 r.update({k: env[k] for k in ("gpu", "torch", "triton", "date", "commit")}, copy_gbps=bw, S=S)
                 f.write(json.dumps(r) + "\n")

@@ -1,7 +1,13 @@
 """Triton helpers shared by the forward and backward kernels (no launches here).
 
 Shape legend: R sub-runs handled side by side by one program, BC channels of its channel block,
-S packed tokens, C channels, N segments (documents, or document pieces under KCP), H = 3.
+S packed tokens, C channels, N segments (documents, or document pieces under KCP), W taps
+(2 <= W <= 8, a compile-time constant of every conv kernel), H = W - 1 halo rows.
+
+Windows of rows are Triton tuples of [R, BC] tiles, built and indexed with compile-time indices:
+``win[k]`` is the x row t - H + k of rows t (k = 0..W-1; ``win[H]`` is row t itself), ``ws[k]``
+the tap that multiplies it. For W = 4 every helper traces to the same operations, in the same
+order, as the width-4 code it generalizes (benchmarks/tools/ptx_fingerprint.py compares the PTX).
 
 A program's rows are R sub-runs of consecutive tokens; each register tile is [R, BC] and holds one
 row of every sub-run. Segment boundaries come from ``cu`` (``HAS_CU``) or, for [B, T, C] input,
@@ -163,10 +169,25 @@ def load_ids4(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, IDS: tl.cons
 
 
 @triton.jit
-def ids_window(i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3):
-    """The ``seg`` that history_flags takes with HAS_CU == SEGMENT_IDS in a many-segment program:
-    load_ids of rows t - 3 .. t + 3 for rows t."""
-    return (i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3, 0)
+def ids_windows(ids, N_OUT: tl.constexpr, H: tl.constexpr):
+    """N_OUT ``seg`` windows that history_flags takes with HAS_CU == SEGMENT_IDS in a many-segment
+    program, from ``ids``: the segment indices (load_ids) of L consecutive rows r .. r + L - 1.
+
+    Window k holds the indices of rows r + k .. r + k + 2H, the rows around its centre row
+    r + k + H (entries past r + L - 1 repeat the last one: a loop step never reads those rows'
+    ends), then a 0 (the window has segment_window's tuple length for W = 4).
+    """
+    L: tl.constexpr = len(ids)
+    out = ()
+    for k in tl.static_range(N_OUT):
+        win = ()
+        for m in tl.static_range(2 * H + 1):
+            if k + m < L:
+                win = win + (ids[k + m],)
+            else:
+                win = win + (ids[L - 1],)
+        out = out + (win + (0,),)
+    return out
 
 
 @triton.jit
@@ -211,44 +232,41 @@ def segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, FEW: t
 
 @triton.jit
 def history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU: tl.constexpr, HAS_HALO: tl.constexpr,
-                  FEW: tl.constexpr):
-    """(d, pos, in3, in2, in1, end) of rows t: their segment d, pos = t - start (clamped to 3 with
-    per-token indices; only read where a flag fails), in_k = (row t - k is in t's segment), and the
-    segment's end (clamped to t + 4 with per-token indices).
+                  FEW: tl.constexpr, H: tl.constexpr):
+    """(d, pos, ins, end) of rows t: their segment d, pos = t - start (clamped to H with per-token
+    indices; only read where a flag fails), ``ins`` the tuple of H flags ins[j] = (row t - H + j
+    is in t's segment), j = 0..H-1 (window order), and the segment's end (clamped to t + H + 1
+    with per-token indices).
 
     With per-token indices in a many-segment program (HAS_CU == SEGMENT_IDS, not FEW; ``seg`` from
-    ids_window) the flags are the index comparisons themselves: no count, no second comparison,
+    ids_windows) the flags are the index comparisons themselves: no count, no second comparison,
     and pos only for a halo (HAS_HALO). The indices never decrease along the rows, so the rows
-    that share t's index are the nearest ones and in3 => in2 => in1, as pos >= k would give: the
-    same values as the search, so the same bits. Else from segment_of_rows: in_k = pos >= k.
+    that share t's index are the nearest ones and ins[0] => ins[1] => ..., as pos >= H - j would
+    give: the same values as the search, so the same bits. Else from segment_of_rows:
+    ins[j] = pos >= H - j.
     """
     if HAS_CU == SEGMENT_IDS and (not FEW):
-        i_m3, i_m2, i_m1, i_0, i_p1, i_p2, i_p3, _unused = seg
-        in3 = i_m3 == i_0
-        in2 = i_m2 == i_0
-        in1 = i_m1 == i_0
+        i_0 = seg[H]
+        ins = ()
+        for j in tl.static_range(H):
+            ins = ins + (seg[j] == i_0,)
         if HAS_HALO:
-            pos = in1.to(tl.int32) + in2.to(tl.int32) + in3.to(tl.int32)
+            pos = ins[H - 1].to(tl.int32)
+            for k in tl.static_range(2, H + 1):
+                pos = pos + ins[H - k].to(tl.int32)
         else:
             pos = t * 0  # halo_tap reads no halo without one
         d = i_0
-        end = t + 1 + (i_p1 == i_0).to(tl.int32) + (i_p2 == i_0).to(tl.int32) + (i_p3 == i_0).to(tl.int32)
+        end = t + 1
+        for k in tl.static_range(1, H + 1):
+            end = end + (seg[H + k] == i_0).to(tl.int32)
     else:
         d, start, end = segment_of_rows(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, FEW)
         pos = t - start
-        in3 = pos >= 3
-        in2 = pos >= 2
-        in1 = pos >= 1
-    return d, pos, in3, in2, in1, end
-
-
-@triton.jit
-def step_windows(i0, i1, i2, i3, i4, i5, i6):
-    """The ids_window of rows r + 3 .. r + 6 from the segment indices i0..i6 of rows r .. r + 6
-    (a loop step's rows; the entries past r + 6 repeat i6: only the last row's look-ahead reads
-    them, and a loop step never uses those rows' ends)."""
-    return (ids_window(i0, i1, i2, i3, i4, i5, i6), ids_window(i1, i2, i3, i4, i5, i6, i6),
-            ids_window(i2, i3, i4, i5, i6, i6, i6), ids_window(i3, i4, i5, i6, i6, i6, i6))
+        ins = ()
+        for j in tl.static_range(H):
+            ins = ins + (pos >= H - j,)
+    return d, pos, ins, end
 
 
 @triton.jit
@@ -318,17 +336,17 @@ def store_rows(ptr, t, v, stride, cols, cmask, S, ROWMASK: tl.constexpr):
 
 
 @triton.jit
-def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.constexpr):
+def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.constexpr, H: tl.constexpr):
     """Tap value: ``a`` where the tapped row is inside the row's segment (``inside`` [R] bool).
 
-    Outside it reads zero, or, when HAS_HALO (KCP), the halo row ``halo[d, j]`` ([N, 3, C]
+    Outside it reads zero, or, when HAS_HALO (KCP), the halo row ``halo[d, j]`` ([N, H, C]
     buffer, zero rows where the segment's document has no such row). Only d in [0, N) and j in
-    [0, 3) are read: a row of its segment never asks for more, but rows at or past S (the padding
+    [0, H) are read: a row of its segment never asks for more, but rows at or past S (the padding
     lanes of a row-list program read as row S) are placed in the last segment and would.
     """
     if HAS_HALO:
-        hrow = (d * 3 + j).to(tl.int64)
-        hm = ((~inside) & (d >= 0) & (d < n_seg) & (j >= 0) & (j < 3))[:, None] & cmask[None, :]
+        hrow = (d * H + j).to(tl.int64)
+        hm = ((~inside) & (d >= 0) & (d < n_seg) & (j >= 0) & (j < H))[:, None] & cmask[None, :]
         h = tl.load(halo_ptr + hrow[:, None] * C + cols[None, :], mask=hm, other=0.0).to(tl.float32)
         return tl.where(inside[:, None], a, h)
     else:
@@ -336,55 +354,98 @@ def halo_tap(a, inside, j, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.cons
 
 
 @triton.jit
-def load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS: tl.constexpr, BC: tl.constexpr):
-    """(b, w0, w1, w2, w3): FP32 [1, BC] rows of the bias (zero without one) and the four taps."""
-    w0 = tl.load(w_ptr + cols * 4 + 0, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w1 = tl.load(w_ptr + cols * 4 + 1, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w2 = tl.load(w_ptr + cols * 4 + 2, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    w3 = tl.load(w_ptr + cols * 4 + 3, mask=cmask, other=0.0).to(tl.float32)[None, :]
+def halo_window(win, ins, pos, d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO: tl.constexpr, H: tl.constexpr):
+    """The window ``win`` (x rows t - H .. t of rows t) with its H history taps masked by
+    ``ins`` (history_flags): win[j] where row t - H + j is in t's segment, else zero or, with
+    HAS_HALO, the halo row halo[d, pos + j]. win[H] (row t) is returned as it is."""
+    out = ()
+    for j in tl.static_range(H):
+        out = out + (halo_tap(win[j], ins[j], row_offset(pos, j), d, halo_ptr, cols, cmask, C, n_seg, HAS_HALO, H),)
+    return out + (win[H],)
+
+
+@triton.jit
+def load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS: tl.constexpr, BC: tl.constexpr, W: tl.constexpr):
+    """(b, ws): FP32 [1, BC] rows of the bias (zero without one) and the tuple of the W taps
+    (``ws[k]`` = w[:, k], which multiplies x[t - (W - 1) + k])."""
+    ws = ()
+    for k in tl.static_range(W):
+        ws = ws + (tl.load(w_ptr + cols * W + k, mask=cmask, other=0.0).to(tl.float32)[None, :],)
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     else:
         b = tl.zeros([1, BC], dtype=tl.float32)
-    return b, w0, w1, w2, w3
+    return b, ws
 
 
 @triton.jit
 def row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8, HAS_BIAS: tl.constexpr, RB: tl.constexpr,
-                   BC: tl.constexpr):
+                   BC: tl.constexpr, W: tl.constexpr):
     """Start of a row-list program (KCP boundary rows; grid (cdiv(n_rows, RB), cdiv(C, BC))).
 
-    Returns (C, cols, cmask, b, w0, w1, w2, w3, i, imask, t): the channel block and its taps, the
+    Returns (C, cols, cmask, b, ws, i, imask, t): the channel block and its taps (load_taps), the
     program's RB list positions i and their local rows t (int32; positions past the list read as
     row S, so nothing of theirs is stored).
     """
     C = C8 * 8
     cols = tl.program_id(1) * BC + tl.arange(0, BC)
     cmask = cols < C
-    b, w0, w1, w2, w3 = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC)
+    b, ws = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC, W)
     i = tl.program_id(0) * RB + tl.arange(0, RB)
     imask = i < n_rows
     t = tl.load(rows_ptr + i, mask=imask, other=S).to(tl.int32)
-    return C, cols, cmask, b, w0, w1, w2, w3, i, imask, t
+    return C, cols, cmask, b, ws, i, imask, t
 
 
 @triton.jit
-def load_window(ptr, t, stride, cols, cmask, S):
-    """FP32 x rows t-3, t-2, t-1, t of rows t ([R]); rows outside [0, S) read as zero."""
-    a3 = load_rows(ptr, t - 3, stride, cols, cmask, S, True)
-    a2 = load_rows(ptr, t - 2, stride, cols, cmask, S, True)
-    a1 = load_rows(ptr, t - 1, stride, cols, cmask, S, True)
-    a0 = load_rows(ptr, t, stride, cols, cmask, S, True)
-    return a3, a2, a1, a0
+def load_window(ptr, t, stride, cols, cmask, S, LO: tl.constexpr, N: tl.constexpr):
+    """The tuple of the FP32 rows t + LO .. t + LO + N - 1 of rows t ([R]), in row order; rows
+    outside [0, S) read as zero. (LO = -H, N = W: the x window of rows t.)"""
+    win = ()
+    for k in tl.static_range(N):
+        win = win + (load_rows(ptr, row_offset(t, LO + k), stride, cols, cmask, S, True),)
+    return win
 
 
 @triton.jit
-def conv_pre(b, w0, w1, w2, w3, a3, a2, a1, a0):
-    """pre = b + w0 * x[t-3] + w1 * x[t-2] + w2 * x[t-1] + w3 * x[t], as four FMAs in this order."""
-    p = tl.fma(w0, a3, b)
-    p = tl.fma(w1, a2, p)
-    p = tl.fma(w2, a1, p)
-    return tl.fma(w3, a0, p)
+def row_offset(t, K: tl.constexpr):
+    """Rows t + K for a compile-time K, written t - |K| when K < 0 (the subtraction the width-4
+    code wrote, so that its PTX stays the same)."""
+    if K < 0:
+        return t - (0 - K)
+    elif K == 0:
+        return t
+    else:
+        return t + K
+
+
+@triton.jit
+def conv_pre(b, ws, win):
+    """pre = b + ws[0] * win[0] + ws[1] * win[1] + ... + ws[W-1] * win[W-1] (win[k] = x[t - H + k]),
+    as W FMAs in this order."""
+    p = tl.fma(ws[0], win[0], b)
+    for k in tl.static_range(1, len(ws)):
+        p = tl.fma(ws[k], win[k], p)
+    return p
+
+
+@triton.jit
+def act_out(p, ACT: tl.constexpr):
+    """The activation of pre-activation p: silu(p) = p * sigmoid(p) (ACT = 1) or p itself (ACT = 0)."""
+    if ACT:
+        return p * sigmoid_f32(p)
+    else:
+        return p
+
+
+@triton.jit
+def act_grad(dy, p, ACT: tl.constexpr):
+    """g = dy * act'(p): dy * s * (1 + p (1 - s)) with s = sigmoid(p) (ACT = 1), or dy (ACT = 0)."""
+    if ACT:
+        s = sigmoid_f32(p)
+        return dy * (s * (1.0 + p * (1.0 - s)))
+    else:
+        return dy
 
 
 @triton.jit

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from triton import knobs
 
-from ..constants import INTERPRET
+from ..constants import ACTIVATIONS, INTERPRET, TAPS
 from . import tuning
 from .backward import (
     BWD_SUB,
@@ -247,14 +247,21 @@ def cdiv(a: int, b: int) -> int:
 
 # ------------------------------------------------------------------------- the convolution
 
-def backward_workspace_floats(S: int, C: int) -> int:
-    """FP32 elements of the backward workspace: level-0 leaf partials plus group sums.
+def backward_workspace_floats(S: int, C: int, width: int = TAPS) -> int:
+    """FP32 elements of the backward workspace: level-0 leaf partials ((width + 1) * C floats a
+    leaf: the taps' and the bias's) plus group sums.
 
     Sized for the smallest R a configuration may use (R = 1), so it never depends on tuning.
     """
     n_leaves = cdiv(S, BWD_SUB)
     n_groups = cdiv(n_leaves, TREE_LEAVES)
-    return 5 * C * (n_leaves + n_groups)
+    return (width + 1) * C * (n_leaves + n_groups)
+
+
+def activation_flag(activation) -> int:
+    """The kernels' ACT constexpr: 1 for "silu", 0 for None (the entry points validated it)."""
+    assert activation in ACTIVATIONS, activation
+    return 1 if activation == "silu" else 0
 
 
 use_ids = True  # per-token segment indices for many segments (tests switch them off to compare bits)
@@ -328,17 +335,20 @@ class ForwardLaunch:
 
 
 def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtype, n_cu, seq_len,
-                    has_hist=False, config=None) -> ForwardLaunch:
+                    has_hist=False, config=None, *, width=TAPS, activation="silu") -> ForwardLaunch:
     """The forward launch for S > 0 rows of C channels: row strides (multiples of 8) and dtypes of
     x / y (y has x's dtype), w, b (None: no bias) and cu (None: uniform documents of seq_len);
-    n_cu = cu_seqlens.shape[0]; has_hist: KCP history rows are given (x's dtype)."""
+    n_cu = cu_seqlens.shape[0]; has_hist: KCP history rows are given (x's dtype); the taps'
+    width W and the activation ("silu" or None)."""
+    act = activation_flag(activation)
     assert S > 0
     n_seg, T = _segments(S, n_cu, seq_len)
-    cfg = config or tuning.pick_fwd_config(C, x_dtype.itemsize, INTERPRET)
+    cfg = config or tuning.pick_fwd_config(C, x_dtype.itemsize, INTERPRET, width=width)
     grid = (cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1)
 
     def variant(has_cu, cu_t):
-        consts = (x_stride // 8, y_stride // 8, b_dtype is not None, has_cu, has_hist, cfg.R, cfg.SUB, cfg.BC, cfg.stages)
+        consts = (x_stride // 8, y_stride // 8, b_dtype is not None, has_cu, has_hist, cfg.R, cfg.SUB, cfg.BC, cfg.stages,
+                  width, act)
         return FWD.prepare(grid, (x_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype), (S, C // 8, n_seg, T),
                            consts, cfg.num_warps, cfg.maxnreg)
 
@@ -346,14 +356,16 @@ def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtyp
     return ForwardLaunch(variant(cu_dtype is not None, cu_dtype), ids, S)
 
 
-def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, config=None):
-    """Launch the forward kernel: y_SC <- silu(conv(x_SC)). x_SC, y_SC: unit channel stride and
-    row strides that are multiples of 8; w_CW contiguous; hist_NHC: KCP history rows or None."""
+def triton_forward(x_SC, w_CW, b_C, cu_seqlens, seq_len, y_SC, hist_NHC=None, config=None, activation="silu"):
+    """Launch the forward kernel: y_SC <- act(conv(x_SC)), W = w_CW.shape[1]. x_SC, y_SC: unit
+    channel stride and row strides that are multiples of 8; w_CW contiguous; hist_NHC: KCP
+    history rows [N, W - 1, C] or None."""
     S, C = x_SC.shape
     if S == 0:
         return y_SC
     prepare_forward(S, C, x_SC.stride(0), y_SC.stride(0), x_SC.dtype, w_CW.dtype, *optional_meta(b_C, cu_seqlens),
-                    seq_len, hist_NHC is not None, config).run(x_SC, w_CW, b_C, cu_seqlens, y_SC, hist_NHC)
+                    seq_len, hist_NHC is not None, config, width=w_CW.shape[1],
+                    activation=activation).run(x_SC, w_CW, b_C, cu_seqlens, y_SC, hist_NHC)
     return y_SC
 
 
@@ -439,13 +451,16 @@ class BackwardLaunches:
 
 
 def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_dtype, b_dtype, cu_dtype,
-                     n_cu, seq_len, dw_dtype, has_hist=False, has_fut=False, config=None) -> BackwardLaunches:
+                     n_cu, seq_len, dw_dtype, has_hist=False, has_fut=False, config=None, *, width=TAPS,
+                     activation="silu") -> BackwardLaunches:
     """The backward launches for S > 0 rows of C channels: row strides (multiples of 8) of x, dy and
     dx (dx has x's dtype), the dtypes of x, dy, w, b (None: no bias; db then has dw's dtype too),
     cu (None: uniform documents of seq_len) and dw; n_cu = cu_seqlens.shape[0]; has_hist /
-    has_fut: KCP halo rows given (hist: x's dtype; fut: FP32)."""
+    has_fut: KCP halo rows given (hist: x's dtype; fut: FP32); the taps' width W and the
+    activation ("silu" or None)."""
     assert S > 0 and (has_hist or not has_fut)
-    cfg = config or tuning.pick_bwd_config(C, x_dtype.itemsize, INTERPRET, has_bias=b_dtype is not None)
+    act = activation_flag(activation)
+    cfg = config or tuning.pick_bwd_config(C, x_dtype.itemsize, INTERPRET, has_bias=b_dtype is not None, width=width)
     n_seg, T = _segments(S, n_cu, seq_len)
     R = cfg.R
     logr = R.bit_length() - 1
@@ -453,14 +468,14 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     n_nodes = cdiv(S, R * BWD_SUB)
     n_leaves = cdiv(S, BWD_SUB)
     n_groups = cdiv(n_leaves, TREE_LEAVES)
-    C5 = 5 * C
+    C5 = (width + 1) * C  # partial columns: the taps' and the bias's
 
     one_group = n_groups == 1
     M = TREE_LEAVES // R  # level-logr nodes per group
 
     def variant(has_cu, cu_t):
         consts = (x_stride // 8, dy_stride // 8, dx_stride // 8, b_dtype is not None, has_cu,
-                  has_hist, has_fut, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch)
+                  has_hist, has_fut, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch, width, act)
         dtypes = (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype)
         if one_group:  # + dw, db (dw's dtype) and the int32 tickets; the last program adds [M, EPI_BC] at a time
             epi_bc = min(cfg.BC, 1024 * cfg.num_warps // M)  # 32 floats a thread
@@ -470,7 +485,7 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
         return BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), dtypes, (S, C // 8, n_seg, T), consts, cfg.num_warps,
                            cfg.maxnreg)
 
-    # the nodes are the workspace's first n_nodes * 5 * C floats, the group sums start at leaf n_leaves
+    # the nodes are the workspace's first n_nodes * C5 floats, the group sums start at leaf n_leaves
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
     main = variant(cu_dtype is not None, cu_dtype)
     ids = variant(SEGMENT_IDS_VALUE, torch.int32) if _ids_apply(S, C, n_cu) else None
@@ -483,17 +498,17 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     n_tickets = cdiv(C5, blk)
     assert n_nodes * C5 + n_tickets <= n_leaves * C5, "the group kernel's counters need R >= 2"
     group = BWD_GROUP.prepare((n_groups, n_tickets, 1), (dw_dtype,), (n_nodes, n_leaves, n_groups, C),
-                              (b_dtype is not None, M, LOG2_TREE_LEAVES - logr, blk, GROUP_BLOCK, LOG2_GROUP_BLOCK),
+                              (b_dtype is not None, M, LOG2_TREE_LEAVES - logr, blk, GROUP_BLOCK, LOG2_GROUP_BLOCK, width),
                               warps)
     return BackwardLaunches(main, ids, group, S, (n_tickets, n_nodes * C5))
 
 
 def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw_CW, db_C,
-                    hist_NHC=None, fut_NHC=None, config=None, tickets_in_workspace=False):
+                    hist_NHC=None, fut_NHC=None, config=None, tickets_in_workspace=False, activation="silu"):
     """Launch the backward kernels (one group: the one-group kernel; else the main and group kernels); writes dx_SC,
     dw_CW and (if given) db_C (dw's dtype).
 
-    ws_F: FP32 workspace of at least backward_workspace_floats(S, C) elements. KCP: hist_NHC
+    W = w_CW.shape[1]; ws_F: FP32 workspace of at least backward_workspace_floats(S, C, W) elements. KCP: hist_NHC
     (and fut_NHC, or None while the look-ahead halo is still in flight: triton_dx_rows then
     rewrites the affected rows). tickets_in_workspace: see ``TicketCounters``.
     """
@@ -501,7 +516,7 @@ def triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, seq_len, dx_SC, ws_F, dw
     assert db_C is None or db_C.dtype == dw_CW.dtype
     prepare_backward(S, C, x_SC.stride(0), dy_SC.stride(0), dx_SC.stride(0), x_SC.dtype, dy_SC.dtype, w_CW.dtype,
                      *optional_meta(b_C, cu_seqlens), seq_len, dw_CW.dtype, hist_NHC is not None, fut_NHC is not None,
-                     config).run(dy_SC, x_SC, w_CW, b_C, cu_seqlens, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC,
+                     config, width=w_CW.shape[1], activation=activation).run(dy_SC, x_SC, w_CW, b_C, cu_seqlens, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC,
                                  tickets_in_workspace)
     return dx_SC, dw_CW, db_C
 
@@ -513,7 +528,7 @@ def _rows_launch_shape():
     return (4, 16, 1) if INTERPRET else (8, 128, 4)
 
 
-def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
+def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC, activation="silu"):
     """KCP: g_FC[i] <- FP32 g of local row rows_F[i] (segments from cu_seqlens, halo hist_NHC).
 
     g_FC may be a column slice of a wider buffer (row stride a multiple of 8, unit channel stride).
@@ -524,14 +539,15 @@ def triton_head_g(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, g_FC):
         return g_FC
     rb, bc, nw = _rows_launch_shape()
     b = b_C if b_C is not None else w_CW
-    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, g_FC.stride(0), b_C is not None, rb, bc)
+    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, g_FC.stride(0), b_C is not None, rb, bc, w_CW.shape[1],
+              activation_flag(activation))
     # hist has x's dtype, g is FP32, rows int64, cu int32 (the KCP plan's)
     BWD_HEAD.launch((cdiv(n, rb), cdiv(C, bc), 1), (x_SC, dy_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F, g_FC),
                     (x_SC.dtype, dy_SC.dtype, b.dtype), (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return g_FC
 
 
-def triton_forward_rows(x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, y_SC):
+def triton_forward_rows(x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, y_SC, activation="silu"):
     """KCP: rewrite y of local rows rows_F (segment starts) with the history halo hist_NHC."""
     S, C = x_SC.shape
     n = rows_F.shape[0]
@@ -539,13 +555,13 @@ def triton_forward_rows(x_SC, w_CW, b_C, cu_seqlens, hist_NHC, rows_F, y_SC):
         return y_SC
     rb, bc, nw = _rows_launch_shape()
     b = b_C if b_C is not None else w_CW
-    consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, rb, bc)
+    consts = (x_SC.stride(0) // 8, y_SC.stride(0) // 8, b_C is not None, rb, bc, w_CW.shape[1], activation_flag(activation))
     FWD_ROWS.launch((cdiv(n, rb), cdiv(C, bc), 1), (x_SC, y_SC, w_CW, b, cu_seqlens, hist_NHC, rows_F),
                     (x_SC.dtype, b.dtype), (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)
     return y_SC
 
 
-def triton_dx_rows(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, fut_NHC, rows_F, dx_SC):
+def triton_dx_rows(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, fut_NHC, rows_F, dx_SC, activation="silu"):
     """KCP: rewrite dx of local rows rows_F (segment ends) with the look-ahead halo fut_NHC."""
     S, C = x_SC.shape
     n = rows_F.shape[0]
@@ -553,7 +569,8 @@ def triton_dx_rows(dy_SC, x_SC, w_CW, b_C, cu_seqlens, hist_NHC, fut_NHC, rows_F
         return dx_SC
     rb, bc, nw = _rows_launch_shape()
     b = b_C if b_C is not None else w_CW
-    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, rb, bc)
+    consts = (x_SC.stride(0) // 8, dy_SC.stride(0) // 8, dx_SC.stride(0) // 8, b_C is not None, rb, bc, w_CW.shape[1],
+              activation_flag(activation))
     BWD_DX_ROWS.launch((cdiv(n, rb), cdiv(C, bc), 1),
                        (x_SC, dy_SC, dx_SC, w_CW, b, cu_seqlens, hist_NHC, fut_NHC, rows_F),
                        (x_SC.dtype, dy_SC.dtype, b.dtype), (n, S, C // 8, cu_seqlens.shape[0] - 1), consts, nw)

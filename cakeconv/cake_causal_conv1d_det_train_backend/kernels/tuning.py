@@ -89,9 +89,9 @@ _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
 
 
-def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
-    """Forward configuration for C channels: the fastest of FWD_CONFIGS in the H200 sweep
-    at the nearest measured C."""
+def pick_fwd_config(C: int, itemsize: int, interpret: bool, width: int = 4) -> FwdConfig:
+    """Forward configuration for C channels and ``width`` taps: the fastest of FWD_CONFIGS in the
+    H200 sweep at the nearest measured C."""
     if interpret:
         return FWD_INTERPRET
     if C <= 128:
@@ -108,9 +108,9 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool) -> FwdConfig:
     return _FWD_MID  # 0.88 at C = 2048 (128-channel blocks: no idle lanes at any C % 128)
 
 
-def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = False) -> BwdConfig:
-    """Backward configuration for C channels (and whether there is a bias): the fastest of
-    BWD_CONFIGS in the H200 runs."""
+def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = False, width: int = 4) -> BwdConfig:
+    """Backward configuration for C channels and ``width`` taps (and whether there is a bias): the
+    fastest of BWD_CONFIGS in the H200 runs."""
     if interpret:
         return BWD_INTERPRET
     if C <= 64:
