@@ -1,4 +1,6 @@
-"""cakeconv: deterministic packed width-4 depthwise causal conv1d + SiLU for training.
+"""cakeconv: deterministic packed depthwise causal conv1d + SiLU for training.
+
+Width W = weight.shape[1] from 2 to 8 (4 in the seed models), activation "silu" (default) or None.
 
 Public modules:
 

@@ -1,4 +1,5 @@
-"""Single-rank deterministic packed causal conv1d + SiLU (public module).
+"""Single-rank deterministic packed depthwise causal conv1d of W taps (2 <= W <= 8) + SiLU or no
+activation (public module).
 
 See ``cake_causal_conv1d_det`` for the math and shapes; the programs live in
 ``cakeconv.cake_causal_conv1d_det_train_backend``.

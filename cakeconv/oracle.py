@@ -1,16 +1,22 @@
-"""Float64 oracle of the packed causal conv1d + SiLU (tests, demo and benchmarks import it).
+"""Float64 oracle of the packed causal conv1d + SiLU (or no activation), for any width W in 2..8
+(tests, demo and benchmarks import it).
 
-Shape legend: S packed tokens, C channels, W = 4 taps, N documents.
+Shape legend: S packed tokens, C channels, W taps, H = W - 1, N documents.
 
 The oracle is the op's definition (``cake_causal_conv1d_det``), computed the slowest and plainest way: one
-``torch.nn.functional.conv1d(groups=C)`` per document with W - 1 = 3 rows of left zero padding,
-then SiLU, all in float64 on the CPU; the backward is torch autograd of the same graph.
+``torch.nn.functional.conv1d(groups=C)`` per document with H = W - 1 rows of left zero padding,
+then SiLU (activation "silu") or nothing (activation None), all in float64 on the CPU; the backward
+is torch autograd of the same graph.
 
 With many documents (more than ``PER_DOCUMENT_LIMIT``) one conv1d per document costs minutes
 (50,021 one-token documents at C = 1,160: 504 s on a 2-core CPU), so the oracle computes the same
-definition in one pass instead: tap k of row t is x[t - 3 + k] where that row is in t's document and
+definition in one pass instead: tap k of row t is x[t - H + k] where that row is in t's document and
 zero otherwise, pre = b + sum_k w[:, k] * tap_k. ``tests/test_oracle.py`` checks that the two
 forms agree.
+
+``causal_conv1d_oracle`` / ``causal_conv1d_oracle_backward`` take ``activation``;
+``causal_conv1d_silu_oracle`` / ``causal_conv1d_silu_oracle_backward`` are the same functions
+(their default activation is SiLU).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["causal_conv1d_silu_oracle", "causal_conv1d_silu_oracle_backward", "packed_view"]
+__all__ = ["causal_conv1d_oracle", "causal_conv1d_oracle_backward", "causal_conv1d_silu_oracle",
+           "causal_conv1d_silu_oracle_backward", "packed_view"]
 
 
 def packed_view(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, list[int]]:
@@ -40,61 +47,73 @@ def packed_view(x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[torch
 PER_DOCUMENT_LIMIT = 256
 
 
-def _oracle_graph(x_SC, w_CW, b_C, bounds):
+def _activate(pre, activation):
+    if activation == "silu":
+        return F.silu(pre)
+    if activation is None:
+        return pre
+    raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
+
+
+def _oracle_graph(x_SC, w_CW, b_C, bounds, activation):
     if len(bounds) - 1 > PER_DOCUMENT_LIMIT:
-        return _oracle_graph_one_pass(x_SC, w_CW, b_C, bounds)
-    return _oracle_graph_per_document(x_SC, w_CW, b_C, bounds)
+        return _oracle_graph_one_pass(x_SC, w_CW, b_C, bounds, activation)
+    return _oracle_graph_per_document(x_SC, w_CW, b_C, bounds, activation)
 
 
-def _oracle_graph_one_pass(x_SC, w_CW, b_C, bounds):
-    """The definition without a loop over documents: masked taps, then SiLU."""
+def _oracle_graph_one_pass(x_SC, w_CW, b_C, bounds, activation):
+    """The definition without a loop over documents: masked taps, then the activation."""
     S, C = x_SC.shape
+    H = w_CW.shape[1] - 1
     bounds_N1 = torch.tensor(bounds, dtype=torch.int64)
     t_S = torch.arange(S, dtype=torch.int64)
     start_S = bounds_N1[torch.searchsorted(bounds_N1, t_S, right=True) - 1]
-    xp_SC = torch.cat([x_SC.new_zeros(3, C), x_SC], 0)
+    xp_SC = torch.cat([x_SC.new_zeros(H, C), x_SC], 0)
     pre_SC = x_SC.new_zeros(S, C) if b_C is None else b_C.expand(S, C)
-    for k in range(4):
-        back = 3 - k
+    for k in range(H + 1):
+        back = H - k
         inside_S1 = (t_S - back >= start_S).unsqueeze(1)
         pre_SC = pre_SC + w_CW[:, k] * (xp_SC[k:k + S] * inside_S1)
-    return F.silu(pre_SC)
+    return _activate(pre_SC, activation)
 
 
-def _oracle_graph_per_document(x_SC, w_CW, b_C, bounds):
+def _oracle_graph_per_document(x_SC, w_CW, b_C, bounds, activation):
     C = x_SC.shape[1]
+    H = w_CW.shape[1] - 1
     pieces = []
     for d in range(len(bounds) - 1):
         x_LC = x_SC[bounds[d]:bounds[d + 1]]
         if x_LC.shape[0] == 0:
             continue
-        x_1CL = F.pad(x_LC.t().unsqueeze(0), (3, 0))
+        x_1CL = F.pad(x_LC.t().unsqueeze(0), (H, 0))
         pre_1CL = F.conv1d(x_1CL, w_CW.unsqueeze(1), b_C, groups=C)
-        pieces.append(F.silu(pre_1CL[0].t()))
+        pieces.append(_activate(pre_1CL[0].t(), activation))
     if not pieces:
         return x_SC.new_zeros(0, C)
     return torch.cat(pieces, 0)
 
 
-def causal_conv1d_silu_oracle(x, weight, bias=None, cu_seqlens=None) -> torch.Tensor:
-    """y = silu(b + sum_k w[:, k] * x[t - 3 + k]) per document, in float64 on the CPU.
+def causal_conv1d_oracle(x, weight, bias=None, cu_seqlens=None, activation="silu") -> torch.Tensor:
+    """y = act(b + sum_{k<W} w[:, k] * x[t - (W - 1) + k]) per document, in float64 on the CPU.
 
-    Returns a float64 CPU tensor of x's shape.
+    weight: [C, W] taps (any W >= 1; w[:, W - 1] multiplies the current token). act: SiLU
+    (activation "silu") or the identity (activation None). Returns a float64 CPU tensor of x's
+    shape.
     """
     x_SC, bounds = packed_view(x, cu_seqlens)
     x_SC = x_SC.detach().double().cpu()
     w_CW = weight.detach().double().cpu()
     b_C = None if bias is None else bias.detach().double().cpu()
-    return _oracle_graph(x_SC, w_CW, b_C, bounds).reshape(x.shape)
+    return _oracle_graph(x_SC, w_CW, b_C, bounds, activation).reshape(x.shape)
 
 
-def causal_conv1d_silu_oracle_backward(dy, x, weight, bias=None, cu_seqlens=None):
-    """(dx, dweight, dbias) of the oracle in float64 (dbias None when bias is None)."""
+def causal_conv1d_oracle_backward(dy, x, weight, bias=None, cu_seqlens=None, activation="silu"):
+    """(dx, dweight [C, W], dbias) of the oracle in float64 (dbias None when bias is None)."""
     x_SC, bounds = packed_view(x, cu_seqlens)
     x_SC = x_SC.detach().double().cpu().requires_grad_(True)
     w_CW = weight.detach().double().cpu().requires_grad_(True)
     b_C = None if bias is None else bias.detach().double().cpu().requires_grad_(True)
-    y_SC = _oracle_graph(x_SC, w_CW, b_C, bounds)
+    y_SC = _oracle_graph(x_SC, w_CW, b_C, bounds, activation)
     dy_SC = dy.detach().double().cpu().reshape(y_SC.shape)
     inputs = [x_SC, w_CW] + ([b_C] if b_C is not None else [])
     if y_SC.numel() == 0:
@@ -105,3 +124,7 @@ def causal_conv1d_silu_oracle_backward(dy, x, weight, bias=None, cu_seqlens=None
     dx = grads[0].reshape(x.shape)
     db = grads[2] if b_C is not None else None
     return dx, grads[1], db
+
+
+causal_conv1d_silu_oracle = causal_conv1d_oracle
+causal_conv1d_silu_oracle_backward = causal_conv1d_oracle_backward

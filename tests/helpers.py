@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -47,11 +48,11 @@ def deal_fragments(rng, T: int, P: int, lengths=(1, 1, 2, 2, 3, 4, 5)) -> list[l
     return frags
 
 
-def make_inputs(S, C, dtype=torch.bfloat16, wdtype=torch.float32, bias=True, seed=0, device="cpu"):
-    """Random x [S, C], weight [C, 4], bias [C], dy [S, C] (never zeros)."""
+def make_inputs(S, C, dtype=torch.bfloat16, wdtype=torch.float32, bias=True, seed=0, device="cpu", width=4):
+    """Random x [S, C], weight [C, W] (W = width), bias [C], dy [S, C] (never zeros)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(S, C, generator=gen).to(dtype)
-    w = (torch.randn(C, 4, generator=gen) * 0.5).to(wdtype)
+    w = (torch.randn(C, width, generator=gen) * 0.5).to(wdtype)
     b = (torch.randn(C, generator=gen) * 0.5).to(wdtype) if bias else None
     dy = torch.randn(S, C, generator=gen).to(dtype)
     out = [x, w, b, dy]
@@ -99,3 +100,104 @@ def backward_tree_from_nodes(ws_F: torch.Tensor, S: int, C: int, R: int):
     for k in range(n_blocks):
         total = total + pairwise_rows(gpad[k * 64:(k + 1) * 64])
     return gs, total[:4].t().contiguous(), total[4].clone()
+
+
+# ------------------------------------------------------- "rounded once": per-element ulp checks
+
+U = 2.0 ** -24  # FP32 unit roundoff
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: the oracle's float64 grouped conv1d is ~500x slower with 2 threads on a
+    busy 2-core machine (5 s instead of 0.01 s per call). Use with ``pytest.mark.usefixtures``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def doc_bounds(cu, S):
+    """(start, stop) of every row's document, int64 [S] each."""
+    t = torch.arange(S)
+    d = torch.searchsorted(cu.long(), t, right=True) - 1
+    return cu.long()[d], cu.long()[d + 1]
+
+
+def pre_and_terms(x, w, b, cu):
+    """float64 pre[t] and A[t] = |b| + sum_k |w_k x[t-H+k]| (W = w.shape[1], H = W - 1; rows before
+    the document read as zero)."""
+    S, C = x.shape
+    H = w.shape[1] - 1
+    start, _ = doc_bounds(cu, S)
+    x64, w64 = x.double(), w.double()
+    t = torch.arange(S)
+    pre = torch.zeros(S, C, dtype=torch.float64) if b is None else b.double().expand(S, C).clone()
+    A = torch.zeros(S, C, dtype=torch.float64) if b is None else b.double().abs().expand(S, C).clone()
+    for k in range(H + 1):
+        src = t - H + k
+        xk = torch.where((src >= start)[:, None], x64[src.clamp(min=0)], torch.zeros((), dtype=torch.float64))
+        pre += w64[:, k] * xk
+        A += (w64[:, k] * xk).abs()
+    return pre, A
+
+
+def error_bounds(x, w, b, dy, cu, activation="silu"):
+    """Bounds (float64 [S, C] each) of the FP32 evaluation error of y and dx, for W = w.shape[1]:
+
+        y:  E = (W + 4) u (A + |y|)
+        dx: E = (W + 4) u sum_k |w_{H-k}| |dy[t+k]| P[t+k],  P = A + 1 + |pre| (SiLU) or 1 (None)
+
+    (for W = 4: 8 u, as tests/test_reference_ulp.py derives; the sum of W + 1 terms adds W u A).
+    """
+    S = x.shape[0]
+    W = w.shape[1]
+    pre, A = pre_and_terms(x, w, b, cu)
+    y = pre * torch.sigmoid(pre) if activation == "silu" else pre
+    per_row = dy.double().abs() * ((A + 1 + pre.abs()) if activation == "silu" else 1.0)
+    _, stop = doc_bounds(cu, S)
+    t = torch.arange(S)
+    err = torch.zeros_like(A)
+    for k in range(W):
+        src = t + k
+        inside = (src < stop)[:, None]
+        err += w.double()[:, W - 1 - k].abs() * torch.where(inside, per_row[src.clamp(max=S - 1)],
+                                                            torch.zeros((), dtype=torch.float64))
+    return (W + 4) * U * (A + y.abs()), (W + 4) * U * err
+
+
+def ordered_bits(v: torch.Tensor) -> torch.Tensor:
+    """A 16-bit float's bits as an int64 that counts ulps monotonically (-0 and +0 both 0)."""
+    i = v.view(torch.int16).long()
+    return torch.where(i < 0, -(i & 0x7FFF), i)
+
+
+def round_once(v64: torch.Tensor, dtype) -> torch.Tensor:
+    """float64 -> dtype, monotonic (through FP32; exact on the elements the checks decide)."""
+    return v64.float().to(dtype)
+
+
+def check_rounded_once(got, oracle64, err64, dtype, what, min_decided=0.85):
+    """got (a 16-bit dtype tensor) is the float64 oracle rounded once, given the FP32 error bound
+    err64: bitwise on every "decided" element ([oracle - E, oracle + E] rounds to one value; at
+    least ``min_decided`` of them), between the two roundings elsewhere, and never more than 1 ulp
+    from the once-rounded oracle where the bound spans at most 1 ulp. Returns the decided fraction."""
+    assert got.dtype == dtype and got.shape == oracle64.shape
+    lo, hi, r = round_once(oracle64 - err64, dtype), round_once(oracle64 + err64, dtype), round_once(oracle64, dtype)
+    og, olo, ohi, orr = ordered_bits(got), ordered_bits(lo), ordered_bits(hi), ordered_bits(r)
+    decided = olo == ohi
+    frac = decided.double().mean().item()
+    assert frac >= min_decided, f"{what}: only {frac:.3f} of the elements are decided (the error bound is too loose to test)"
+    bad = decided & (og != orr)
+    if bad.any():
+        i = torch.nonzero(bad)[0].tolist()
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {int(decided.sum())} decided elements are not the oracle rounded once "
+            f"(first at {i}: got {got[tuple(i)].item()!r}, oracle {oracle64[tuple(i)].item()!r} -> "
+            f"{r[tuple(i)].item()!r}, bound {err64[tuple(i)].item():.3g})")
+    between = (og >= torch.minimum(olo, ohi)) & (og <= torch.maximum(olo, ohi))
+    assert bool(between.all()), f"{what}: {int((~between).sum())} undecided elements outside [round(o - E), round(o + E)]"
+    narrow = (ohi - olo).abs() <= 1
+    far = narrow & ((og - orr).abs() > 1)
+    assert not bool(far.any()), f"{what}: {int(far.sum())} elements more than 1 ulp from the once-rounded oracle"
+    return frac

@@ -1,4 +1,7 @@
-"""Tier 1: public names, layouts, buffers, determinism and the bad-input catalogue (CPU)."""
+"""Tier 1: public names, layouts, buffers, determinism and the bad-input catalogue (CPU).
+
+The [B, T, C] / [1, S, C] layouts, empty input and the workspace views are tested for every width
+and both activations in tests/test_widths.py."""
 
 import importlib
 import pathlib
@@ -92,21 +95,6 @@ def test_supported(monkeypatch):
     assert f("cpu") is True and f("meta") is False  # the CUDA query does not leak into other devices
 
 
-def test_btc_equals_packed_bitwise_and_1sc_equals_sc():
-    B, T, C = 3, 37, 16
-    x, w, b, dy = make_inputs(B * T, C, dtype=torch.float32, seed=1)
-    cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
-    y_pack = cake_causal_conv1d_det_train_forward(x, w, b, cu)
-    y_btc = cake_causal_conv1d_det_train_forward(x.view(B, T, C), w, b)
-    assert y_btc.shape == (B, T, C) and torch.equal(y_btc.reshape(B * T, C), y_pack)
-    y_1sc = cake_causal_conv1d_det_train_forward(x.view(1, B * T, C), w, b, cu)
-    assert y_1sc.shape == (1, B * T, C) and torch.equal(y_1sc[0], y_pack)
-    g_pack = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
-    g_btc = cake_causal_conv1d_det_train_backward(dy.view(B, T, C), x.view(B, T, C), w, b)
-    assert torch.equal(g_btc[0].reshape(B * T, C), g_pack[0])
-    assert torch.equal(g_btc[1], g_pack[1]) and torch.equal(g_btc[2], g_pack[2])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_bits_do_not_depend_on_position(dtype):
     """The sigmoid trap: a document's rows have the same bits alone, first, or in an odd tail."""
@@ -125,17 +113,6 @@ def test_row_bits_do_not_depend_on_position(dtype):
     assert torch.equal(alone, head)
 
 
-def test_empty_input():
-    x = torch.zeros(0, 16, dtype=torch.bfloat16)
-    w = torch.randn(16, 4)
-    b = torch.randn(16)
-    cu = torch.tensor([0, 0], dtype=torch.int32)
-    y = cake_causal_conv1d_det(x, w, b, cu_seqlens=cu)
-    assert y.shape == (0, 16)
-    dx, dw, db = cake_causal_conv1d_det_train_backward(x, x, w, b, cu)
-    assert dx.shape == (0, 16) and torch.equal(dw, torch.zeros(16, 4)) and torch.equal(db, torch.zeros(16))
-
-
 def test_caller_buffers_are_used():
     S, C = 64, 16
     x, w, b, dy = make_inputs(S, C, seed=9)
@@ -151,29 +128,6 @@ def test_caller_buffers_are_used():
     ref = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
     assert torch.equal(dx, ref[0]) and torch.equal(dw, ref[1]) and torch.equal(db, ref[2])
     assert cake_causal_conv1d_det_train_forward_workspace_bytes(S, C) == 0
-
-
-@pytest.mark.parametrize("dweight_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["float32", "uint8_at_offset"])
-def test_workspace_views_land_inside_the_given_workspace(kind, dweight_dtype):
-    """dweight/dbias are views of the caller's workspace: of a float32 workspace, and of a uint8 one
-    that is itself a slice at a byte offset of a larger buffer; their bytes do not overlap."""
-    S, C = 64, 16
-    x, w, b, dy = make_inputs(S, C, seed=9)
-    cu = torch.tensor([0, 10, 64], dtype=torch.int32)
-    nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)
-    if kind == "float32":
-        ws = torch.empty(nbytes // 4, dtype=torch.float32)
-    else:
-        ws = torch.empty(nbytes + 64, dtype=torch.uint8)[32:32 + nbytes]
-    _, dw, db = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, workspace=ws, dweight_dtype=dweight_dtype)
-    lo, hi = ws.data_ptr(), ws.data_ptr() + nbytes
-    for t in (dw, db):
-        assert t.dtype == dweight_dtype and t.is_contiguous()
-        assert lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= hi
-    assert dw.data_ptr() + dw.numel() * dw.element_size() <= db.data_ptr()
-    ref = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, dweight_dtype=dweight_dtype)
-    assert torch.equal(dw, ref[1]) and torch.equal(db, ref[2])
 
 
 def _fingerprint():
@@ -222,7 +176,8 @@ BAD_CASES = [
     ("x 4-D", dict(x=torch.zeros(1, 1, 32, 16, dtype=torch.bfloat16)), ValueError, "(1, 1, 32, 16)"),
     ("C not multiple of 8", dict(x=torch.zeros(32, 12, dtype=torch.bfloat16), w=torch.zeros(12, 4), b=torch.zeros(12)), ValueError, "C = 12"),
     ("BTC with cu", dict(x=torch.zeros(2, 16, 16, dtype=torch.bfloat16)), ValueError, "B = 2"),
-    ("weight shape", dict(w=torch.zeros(16, 3)), ValueError, "(16, 3)"),
+    ("weight shape", dict(w=torch.zeros(15, 4)), ValueError, "(15, 4)"),
+    ("weight W = 9", dict(w=torch.zeros(16, 9)), ValueError, "W = 9"),
     ("weight dtype", dict(w=torch.zeros(16, 4, dtype=torch.float64)), TypeError, "float64"),
     ("bias shape", dict(b=torch.zeros(15)), ValueError, "(15,)"),
     ("bias dtype", dict(b=torch.zeros(16, dtype=torch.int64)), TypeError, "int64"),

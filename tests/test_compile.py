@@ -8,6 +8,9 @@ break and gives bitwise the eager y and gradients (the op is opaque to the compi
 are the eager entry points'); the Function and the op run the same code; ``torch.library.opcheck``
 accepts both ops; bad input raises the eager ValueError/TypeError when the compiled graph runs.
 
+The CASES include a width-3 conv without activation (SPEC 1b): the width and the activation reach
+the custom ops as the weight's shape and a schema argument.
+
 The model's Linear has no bias: Inductor sums a Linear's bias gradient over rows in its own order,
 which is not bitwise eager's (torch's matter, not the op's); every other gradient is bitwise.
 
@@ -28,21 +31,22 @@ C = 16
 
 
 class _Model(torch.nn.Module):
-    """Linear (fp32) -> cast to x_dtype -> conv + SiLU -> y and a loss that depends on y."""
+    """Linear (fp32) -> cast to x_dtype -> conv of W taps + activation -> y and a loss that depends on y."""
 
-    def __init__(self, x_dtype, w_dtype, b_dtype):
+    def __init__(self, x_dtype, w_dtype, b_dtype, width=4, activation="silu"):
         super().__init__()
         g = torch.Generator().manual_seed(5)
         self.lin = torch.nn.Linear(C, C, bias=False)
         with torch.no_grad():
             self.lin.weight.copy_(torch.randn(C, C, generator=g) * 0.3)
-        self.w = torch.nn.Parameter((torch.randn(C, 4, generator=g) * 0.5).to(w_dtype))
+        self.w = torch.nn.Parameter((torch.randn(C, width, generator=g) * 0.5).to(w_dtype))
         self.b = torch.nn.Parameter((torch.randn(C, generator=g) * 0.5).to(b_dtype)) if b_dtype else None
         self.x_dtype = x_dtype
+        self.activation = activation
 
     def forward(self, x, cu=None):
         h = self.lin(x).to(self.x_dtype)
-        y = cake_causal_conv1d_det(h, self.w, self.b, cu_seqlens=cu)
+        y = cake_causal_conv1d_det(h, self.w, self.b, cu_seqlens=cu, activation=self.activation)
         return y, (y.float() * y.float()).sum()
 
 
@@ -65,16 +69,18 @@ def _assert_bitwise(got, want, what):
 
 
 CASES = [
-    # (id, x shape, cu_seqlens, x dtype, weight dtype, bias dtype)
-    ("SC_cu_bf16", (37, C), [0, 5, 6, 6, 20, 37], torch.bfloat16, torch.float32, torch.float32),
-    ("BTC_fp32_bf16taps", (3, 11, C), None, torch.float32, torch.bfloat16, torch.float32),
+    # (id, x shape, cu_seqlens, x dtype, weight dtype, bias dtype, width, activation)
+    ("SC_cu_bf16", (37, C), [0, 5, 6, 6, 20, 37], torch.bfloat16, torch.float32, torch.float32, 4, "silu"),
+    ("BTC_fp32_bf16taps", (3, 11, C), None, torch.float32, torch.bfloat16, torch.float32, 4, "silu"),
+    ("SC_cu_bf16_W3_none", (37, C), [0, 5, 6, 6, 20, 37], torch.bfloat16, torch.float32, torch.float32, 3, None),
 ]
 
 
-@pytest.mark.parametrize("shape,cu,x_dtype,w_dtype,b_dtype", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_compile_fullgraph_inductor_bitwise(shape, cu, x_dtype, w_dtype, b_dtype):
+@pytest.mark.parametrize("shape,cu,x_dtype,w_dtype,b_dtype,width,activation", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_compile_fullgraph_inductor_bitwise(shape, cu, x_dtype, w_dtype, b_dtype, width, activation):
     torch._dynamo.reset()
-    model = _Model(x_dtype, w_dtype, b_dtype)
+    model = _Model(x_dtype, w_dtype, b_dtype, width, activation)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     want = _run(model, model, x, cu)
@@ -163,6 +169,12 @@ def test_opcheck_forward_and_backward_ops():
                                         torch.empty(C, 4), db))
     xb = x[:12].view(3, 4, C)
     torch.library.opcheck(FWD, (xb, w, b, None, "auto", torch.empty_like(xb)))
+    # width 3 without activation: the activation is the ops' last (optional) argument
+    w3 = make_inputs(S, C, dtype=torch.float32, seed=6, width=3)[1]
+    torch.library.opcheck(FWD, (x, w3, b, cu, "reference", torch.empty_like(x), None))
+    ws3 = torch.empty(backward_workspace_floats(S, C, 3))
+    torch.library.opcheck(BWD, (dy, x, w3, b, cu, "reference", torch.empty_like(x), ws3, torch.empty(C, 3),
+                                torch.empty(C), None))
 
 
 def test_backward_op_without_bias_leaves_the_placeholder():
@@ -178,7 +190,8 @@ BAD = [
     ("cu end", dict(cu=torch.tensor([0, 5, 31], dtype=torch.int32)), ValueError, "cu_seqlens[-1] = 31"),
     ("cu start", dict(cu=torch.tensor([1, 5, 32], dtype=torch.int32)), ValueError, "cu_seqlens[0] = 1"),
     ("C not multiple of 8", dict(x=torch.zeros(32, 12), w=torch.zeros(12, 4), b=torch.zeros(12)), ValueError, "C = 12"),
-    ("weight shape", dict(w=torch.zeros(16, 3)), ValueError, "(16, 3)"),
+    ("weight W = 9", dict(w=torch.zeros(16, 9)), ValueError, "(16, 9)"),
+    ("activation relu", dict(activation="relu"), ValueError, "'relu'"),
     ("x float64", dict(x=torch.zeros(32, 16, dtype=torch.float64)), TypeError, "float64"),
     ("backend", dict(backend="cuda"), ValueError, "'cuda'"),
 ]
@@ -188,12 +201,12 @@ BAD = [
 def test_bad_input_raises_under_compile(desc, change, exc, text):
     torch._dynamo.reset()
     x, w, b, _ = make_inputs(32, 16, dtype=torch.float32, seed=0)
-    args = dict(x=x, w=w, b=b, cu=torch.tensor([0, 5, 32], dtype=torch.int32), backend="auto")
+    args = dict(x=x, w=w, b=b, cu=torch.tensor([0, 5, 32], dtype=torch.int32), backend="auto", activation="silu")
     args.update(change)
-    backend = args["backend"]
+    backend, activation = args["backend"], args["activation"]
 
     def f(x_, w_, b_, cu_):
-        return cake_causal_conv1d_det(x_, w_, b_, cu_seqlens=cu_, backend=backend).sum()
+        return cake_causal_conv1d_det(x_, w_, b_, cu_seqlens=cu_, activation=activation, backend=backend).sum()
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     with pytest.raises(exc) as info:

@@ -9,7 +9,8 @@ replay's eager results), and that the first replay's clones still equal the firs
 results after those rewrites. A new
 document layout with the same number of cu_seqlens entries is copied into the captured cu_seqlens
 tensor and replayed without re-capture (the kernels read the boundaries from the device; the
-host-side checks of the values ran at capture time, on the first layout).
+host-side checks of the values ran at capture time, on the first layout). Run for the seed's width 4 +
+SiLU and for width 7 without activation (SPEC 1b: graphs hold for every width and activation).
 """
 
 import warnings
@@ -56,21 +57,23 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("W,activation", [(4, "silu"), (7, None)], ids=["W4_silu", "W7_None"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_single_rank_graph_replay_matches_eager(layout):
+def test_single_rank_graph_replay_matches_eager(layout, W, activation):
     S, cu_capture, cu_later = LAYOUTS[layout]
     C = 1024
-    w = torch.randn(C, 4, device="cuda")
+    w = torch.randn(C, W, device="cuda")
     b = torch.randn(C, device="cuda")
     cu = torch.tensor(cu_capture, dtype=torch.int32, device="cuda")
     x_s, dy_s = (t.clone() for t in _batch(S, C, 0))  # static inputs
     y_s = torch.empty_like(x_s)
     dx_s = torch.empty_like(x_s)
-    ws = torch.empty(cake_causal_conv1d_det_train_backward_workspace_bytes(S, C), dtype=torch.uint8, device="cuda")
+    ws = torch.empty(cake_causal_conv1d_det_train_backward_workspace_bytes(S, C, width=W), dtype=torch.uint8,
+                     device="cuda")
 
     def step():
-        cake_causal_conv1d_det_train_forward(x_s, w, b, cu, out=y_s)
-        return cake_causal_conv1d_det_train_backward(dy_s, x_s, w, b, cu, dx=dx_s, workspace=ws)
+        cake_causal_conv1d_det_train_forward(x_s, w, b, cu, out=y_s, activation=activation)
+        return cake_causal_conv1d_det_train_backward(dy_s, x_s, w, b, cu, dx=dx_s, workspace=ws, activation=activation)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -113,8 +116,8 @@ def test_single_rank_graph_replay_matches_eager(layout):
         dy_s.copy_(dy)
         graph.replay()
         torch.cuda.synchronize()
-        y_e = cake_causal_conv1d_det_train_forward(x, w, b, cu)
-        dx_e, dw_e, db_e = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu)
+        y_e = cake_causal_conv1d_det_train_forward(x, w, b, cu, activation=activation)
+        dx_e, dw_e, db_e = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation)
         eager = {"y": y_e, "dx": dx_e, "dweight": dw_e, "dbias": db_e}
         for k in static:
             assert torch.equal(static[k], eager[k]), f"replay {seed}: {k} differs from eager"

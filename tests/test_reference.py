@@ -1,13 +1,16 @@
-"""Tier 1: the pure-PyTorch reference backend against the float64 oracle, on the CPU."""
+"""Tier 1: the pure-PyTorch reference backend against the float64 oracle, on the CPU (W = 4 + SiLU;
+tests/test_widths.py covers the other widths and no activation, and the float64 gradcheck)."""
 
 import pytest
 import torch
 
 from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
-from cakeconv.cake_causal_conv1d_det_train_backend.reference import reference_backward, reference_forward, tree_sum_rows
+from cakeconv.cake_causal_conv1d_det_train_backend.reference import tree_sum_rows
 from cakeconv.oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
 
-from tests.helpers import TOLERANCES, make_inputs, random_cu_seqlens, rel_err
+from tests.helpers import TOLERANCES, make_inputs, one_thread, random_cu_seqlens, rel_err  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Grid rationale: S = 1..3 are documents shorter than the taps; 97 and 1000 are odd lengths with
 # many random documents (empty and 1-3 token ones included); C = 8 is the smallest legal C,
@@ -44,31 +47,6 @@ def test_reference_bf16_taps_and_dweight_dtype():
     assert dw.dtype == torch.bfloat16 and db.dtype == torch.bfloat16
     _, dwo, dbo = causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)
     assert rel_err(dw, dwo) < 8e-3 and rel_err(db, dbo) < 8e-3
-
-
-class _RefFn(torch.autograd.Function):
-    """The reference forward with the reference's analytic backward, for gradcheck in float64."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, cu):
-        ctx.save_for_backward(x, w, b, cu)
-        return reference_forward(x, w, b, cu)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w, b, cu = ctx.saved_tensors
-        dx, dw, db, _ = reference_backward(dy, x, w, b, cu)
-        return dx, dw, db, None
-
-
-def test_gradcheck_reference_float64():
-    gen = torch.Generator().manual_seed(11)
-    S, C = 23, 8
-    cu = torch.tensor([0, 1, 4, 4, 12, 23], dtype=torch.int64)
-    x = torch.randn(S, C, generator=gen, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(C, 4, generator=gen, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(C, generator=gen, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(_RefFn.apply, (x, w, b, cu), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
 def test_autograd_op_reference_matches_oracle():

@@ -6,8 +6,8 @@ What is checked:
 - the forward (single and several tensors) is bitwise the functional op, outputs and gradients;
 - Conv1d compatibility: ``[C, 1, 4]`` state dicts load (also nested in a parent layer, as when a
   flash-linear-attention ShortConvolution is swapped out), from_conv1d / to_conv1d round trip, and
-  the outputs and gradients equal ``silu(conv1d(pad(x, (3, 0))))`` per document (FP32 tolerance:
-  torch's conv1d sums the 4 taps in its own order);
+  the outputs and gradients equal ``act(conv1d(pad(x, (W - 1, 0))))`` per document, for several
+  widths W and act SiLU or none (FP32 tolerance: torch's conv1d sums the W taps in its own order);
 - KCP on 2 gloo ranks: every rank's outputs and dx bitwise the single-rank module call on its
   tokens, with and without activation checkpointing and a recompute handle.
 
@@ -76,8 +76,10 @@ def test_extra_repr():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="kernel_size=4 only, got kernel_size=3"):
-        CakeShortConv(16, kernel_size=3)
+    with pytest.raises(ValueError, match="kernel_size must be an int from 2 to 8, got kernel_size=9"):
+        CakeShortConv(16, kernel_size=9)
+    with pytest.raises(ValueError, match="'relu'"):
+        CakeShortConv(16, activation="relu")
     with pytest.raises(ValueError, match="multiple of 8, got 12"):
         CakeShortConv([16, 12])
     with pytest.raises(ValueError, match="at least one"):
@@ -104,8 +106,10 @@ def test_bad_arguments():
         single.load_conv1d_state_dict({"weight": torch.zeros(16, 1, 4), "bias": torch.zeros(16)})
     with pytest.raises(ValueError, match="got 1 Conv1d state dicts"):
         multi.load_conv1d_state_dict({"weight": torch.zeros(8, 1, 4)})
-    with pytest.raises(ValueError, match="depthwise width-4"):
-        CakeShortConv.from_conv1d(nn.Conv1d(16, 16, 3, groups=16))
+    with pytest.raises(ValueError, match="depthwise Conv1d of width 2..8"):
+        CakeShortConv.from_conv1d(nn.Conv1d(16, 16, 9, groups=16))
+    with pytest.raises(ValueError, match=r"same kernel_size, got \[3, 4\]"):
+        CakeShortConv.from_conv1d([nn.Conv1d(8, 8, 3, groups=8), nn.Conv1d(8, 8, 4, groups=8)])
 
 
 # ----------------------------------------------------------------------- forward vs the op
@@ -186,7 +190,7 @@ def test_one_rank_kcp_context_bitwise_vs_single_rank():
 
 
 class ShortConvolutionLike(nn.Conv1d):
-    """Stand-in for flash-linear-attention's ShortConvolution: an nn.Conv1d with weight [C, 1, 4]."""
+    """Stand-in for flash-linear-attention's ShortConvolution: an nn.Conv1d with weight [C, 1, W]."""
 
     def __init__(self, hidden_size, kernel_size=4, bias=False):
         super().__init__(hidden_size, hidden_size, kernel_size, groups=hidden_size, padding=kernel_size - 1, bias=bias)
@@ -198,13 +202,17 @@ class FlaLayer(nn.Module):
         self.q_conv1d, self.k_conv1d, self.v_conv1d = convs
 
 
-def _conv1d_silu_reference(x_SC, conv_weight, conv_bias, cu):
-    """Per document: silu(conv1d(pad(x, (3, 0)))) with torch's conv1d (depthwise, [C, 1, 4] taps)."""
-    C = x_SC.shape[1]
+def _act(y, activation):
+    return F.silu(y) if activation == "silu" else y
+
+
+def _conv1d_reference(x_SC, conv_weight, conv_bias, cu, activation):
+    """Per document: act(conv1d(pad(x, (W - 1, 0)))) with torch's conv1d (depthwise, [C, 1, W] taps)."""
+    C, W = x_SC.shape[1], conv_weight.shape[-1]
     outs = []
     for d in range(len(cu) - 1):
         x_1CT = x_SC[cu[d]:cu[d + 1]].t()[None]
-        outs.append(F.silu(F.conv1d(F.pad(x_1CT, (3, 0)), conv_weight, conv_bias, groups=C))[0].t())
+        outs.append(_act(F.conv1d(F.pad(x_1CT, (W - 1, 0)), conv_weight, conv_bias, groups=C), activation)[0].t())
     return torch.cat(outs, 0)
 
 
@@ -246,12 +254,16 @@ def test_conv1d_state_dict_round_trip():
     assert isinstance(CakeShortConv(16).to_conv1d(), nn.Conv1d)
 
 
-# Grid rationale: FP32 so the only difference to torch's conv1d is the order of the 4-tap sum.
+# Grid rationale: FP32 so the only difference to torch's conv1d is the order of the W-tap sum; the
+# seed's width 4 + SiLU, and widths 3 and 7 without activation and 2 with SiLU (SPEC 1b).
+@pytest.mark.parametrize("W,activation", [(4, "silu"), (3, None), (7, None), (2, "silu")],
+                         ids=["W4_silu", "W3_None", "W7_None", "W2_silu"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_loaded_conv1d_matches_torch_conv1d_silu_per_document(bias):
+def test_loaded_conv1d_matches_torch_conv1d_per_document(bias, W, activation):
     torch.manual_seed(9)
-    conv = ShortConvolutionLike(16, bias=bias)
-    module = CakeShortConv.from_conv1d(conv)
+    conv = ShortConvolutionLike(16, kernel_size=W, bias=bias)
+    module = CakeShortConv.from_conv1d(conv, activation=activation)
+    assert module.kernel_size == W and module.activation == activation
     gen = torch.Generator().manual_seed(10)
     cu = random_cu_seqlens(41, gen)
     x = torch.randn(41, 16, generator=gen)
@@ -262,21 +274,21 @@ def test_loaded_conv1d_matches_torch_conv1d_silu_per_document(bias):
     y_mod.backward(dy)
 
     x_ref = x.clone().requires_grad_(True)
-    y_ref = _conv1d_silu_reference(x_ref, conv.weight, conv.bias, cu.tolist())
+    y_ref = _conv1d_reference(x_ref, conv.weight, conv.bias, cu.tolist(), activation)
     y_ref.backward(dy)
 
     torch.testing.assert_close(y_mod, y_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(x_mod.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(module.weight.grad, conv.weight.grad.view(16, 4), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(module.weight.grad, conv.weight.grad.view(16, W), rtol=1e-5, atol=1e-5)
     if bias:
         torch.testing.assert_close(module.bias.grad, conv.bias.grad, rtol=1e-5, atol=1e-5)
 
-    # The exported Conv1d (padding=3), as FLA/Mamba call it on one document: silu(conv(x)[..., :T]).
+    # The exported Conv1d (padding=W - 1), as FLA/Mamba call it on one document: act(conv(x)[..., :T]).
     exported = module.to_conv1d()
     first = int(torch.argmax((cu[1:] - cu[:-1]).to(torch.int64)))
     start, stop = int(cu[first]), int(cu[first + 1])
     with torch.no_grad():
-        y_conv = F.silu(exported(x[start:stop].t()[None])[..., :stop - start])[0].t()
+        y_conv = _act(exported(x[start:stop].t()[None])[..., :stop - start], activation)[0].t()
     torch.testing.assert_close(y_mod.detach()[start:stop], y_conv, rtol=1e-5, atol=1e-6)
 
 

@@ -1,9 +1,11 @@
-"""cakeconv's programs: kernels, launchers, validation, the single-rank op and the KCP ops.
+"""cakeconv's programs: kernels, launchers, validation, the single-rank op and the KCP ops, for
+any width W in 2..8 with a SiLU or no activation.
 
 Layout of this package (the public modules ``cakeconv.cake_causal_conv1d_det_train`` and
 ``cakeconv.cake_causal_conv1d_det_train_kcp`` only re-export from here):
 
-- ``constants.py``   the taps (4), the halo rows (3), the interpreter switch: defined once
+- ``constants.py``   the default width (4) and its halo rows (3), the widths (2..8) and
+                     activations ("silu", None) computed, the interpreter switch: defined once
 - ``kernels/``       Triton: ``common`` (helpers), ``forward``, ``backward``, ``halo`` (KCP row
                      gather), ``tuning`` (launch configurations, never bits), ``launch`` (host
                      launchers on a compiled-kernel cache keyed by the caller)

@@ -9,11 +9,12 @@ identity and version, so a training loop that reuses its ``cu_seqlens`` pays for
 
 from __future__ import annotations
 
+import operator
 import weakref
 
 import torch
 
-from .constants import INTERPRET, TAPS
+from .constants import ACTIVATIONS, INTERPRET, MAX_WIDTH, MIN_WIDTH
 
 BACKENDS = ("auto", "triton", "reference")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -23,20 +24,56 @@ MAX_TOKENS = 2**31 - 1  # the kernels index rows with int32
 
 
 class Problem:
-    """A validated call: x viewed as [S, C] rows, its segments, and the backend to run.
+    """A validated call: x viewed as [S, C] rows, its segments, its width and activation, and the
+    backend to run.
 
-    Attributes: S, C, cu_seqlens (int32/int64 [N + 1] on x's device, or None), seq_len (uniform
-    document length when cu_seqlens is None), backend ("triton" or "reference").
+    Attributes: S, C, W (taps, weight.shape[1]), activation ("silu" or None), cu_seqlens
+    (int32/int64 [N + 1] on x's device, or None), seq_len (uniform document length when cu_seqlens
+    is None), backend ("triton" or "reference").
     """
 
-    __slots__ = ("S", "C", "cu_seqlens", "seq_len", "backend")
+    __slots__ = ("S", "C", "W", "activation", "cu_seqlens", "seq_len", "backend")
 
-    def __init__(self, S, C, cu_seqlens, seq_len, backend):
+    def __init__(self, S, C, W, activation, cu_seqlens, seq_len, backend):
         self.S = S
         self.C = C
+        self.W = W
+        self.activation = activation
         self.cu_seqlens = cu_seqlens
         self.seq_len = seq_len
         self.backend = backend
+
+
+def check_activation(activation):
+    """The activation of a call: "silu" (SiLU after the conv) or None (the conv alone), returned as
+    given; any other value (e.g. "relu", "swish", 1) raises ValueError naming it."""
+    if activation is None or (isinstance(activation, str) and activation == "silu"):
+        return activation
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def check_width(W, name: str = "width") -> int:
+    """A convolution width W (taps per channel): an integer with MIN_WIDTH <= W <= MAX_WIDTH (2..8),
+    returned as an int; anything else raises ValueError naming it (as ``name``)."""
+    try:
+        value = operator.index(W)  # numpy / torch integers too; floats and bools are refused
+    except TypeError:
+        value = None
+    if isinstance(W, bool) or value is None or not MIN_WIDTH <= value <= MAX_WIDTH:
+        raise ValueError(f"{name} must be an int from {MIN_WIDTH} to {MAX_WIDTH}, got {name}={W!r}")
+    return value
+
+
+def check_weight_shape(weight, C: int) -> int:
+    """weight is [C, W] with 2 <= W <= 8 (ValueError naming the shape and W otherwise); returns W."""
+    shape = tuple(weight.shape)
+    if len(shape) != 2 or shape[0] != C:
+        raise ValueError(f"weight must be [C, W] = [{C}, W] with {MIN_WIDTH} <= W <= {MAX_WIDTH}, got shape {shape}")
+    W = shape[1]
+    if not MIN_WIDTH <= W <= MAX_WIDTH:
+        raise ValueError(f"weight must be [C, W] with {MIN_WIDTH} <= W <= {MAX_WIDTH} taps, got shape {shape} "
+                         f"(W = {W})")
+    return W
 
 
 _capability: dict = {}
@@ -127,8 +164,9 @@ def mark_cu_values_valid(cu: torch.Tensor, S: int) -> None:
     _checked_cu[key] = (weakref.ref(cu, lambda _ref, key=key: _checked_cu.pop(key, None)), cu._version, S)
 
 
-def check_problem(x, weight, bias, cu_seqlens, backend) -> Problem:
-    """Validate a call's operands; returns the Problem (shapes, segments, resolved backend)."""
+def check_problem(x, weight, bias, cu_seqlens, backend, activation="silu") -> Problem:
+    """Validate a call's operands and activation; returns the Problem (shapes, width, activation,
+    segments, resolved backend)."""
     check_tensor("x", x, X_DTYPES)
     shape = x.shape
     if len(shape) == 2:
@@ -148,12 +186,12 @@ def check_problem(x, weight, bias, cu_seqlens, backend) -> Problem:
             f"cu_seqlens must be None then (pack to [1, S, C] or [S, C] for varlen)")
     device = x.device
     check_tensor("weight", weight, W_DTYPES, device)
-    if weight.shape != (C, TAPS):
-        raise ValueError(f"weight must be [C, 4] = [{C}, 4], got shape {tuple(weight.shape)}")
+    W = check_weight_shape(weight, C)
     if bias is not None:
         check_tensor("bias", bias, B_DTYPES, device)
         if bias.shape != (C,):
             raise ValueError(f"bias must be [C] = [{C}], got shape {tuple(bias.shape)}")
+    activation = check_activation(activation)
     if not isinstance(backend, str):
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     seq_len = None
@@ -172,7 +210,7 @@ def check_problem(x, weight, bias, cu_seqlens, backend) -> Problem:
         check_cu_values(cu_seqlens, S)
     else:
         seq_len = shape[1] if len(shape) == 3 else S
-    return Problem(S, C, cu_seqlens, seq_len, resolve_backend(backend, device))
+    return Problem(S, C, W, activation, cu_seqlens, seq_len, resolve_backend(backend, device))
 
 
 def check_dy(dy, x) -> None:

@@ -1,13 +1,16 @@
 """The single-rank op: one ladder from the kernels' launchers up to the public function.
 
-Shape legend: S packed tokens, C channels, W = 4 taps, N documents, B batch rows, T row length.
+Shape legend: S packed tokens, C channels, W taps (2 <= W <= 8), H = W - 1, N documents,
+B batch rows, T row length.
 
 The math, per document ``[cu[d], cu[d+1])`` with the rows before ``cu[d]`` read as zero, in FP32
-and rounded once to the output's dtype:
+and rounded once to the output's dtype (``w[:, W - 1]`` multiplies the current token):
 
-    pre[t]   = b + sum_k w[:, k] * x[t - 3 + k]          y[t]  = pre[t] * sigmoid(pre[t])
-    g[t]     = dy[t] * silu'(pre[t])                     dx[t] = sum_k w[:, k] * g[t + 3 - k]
-    dw[:, k] = sum_t g[t] * x[t - 3 + k]                 db    = sum_t g[t]   (one fixed order)
+    pre[t]   = b + sum_{k<W} w[:, k] * x[t - H + k]
+    y[t]     = pre[t] * sigmoid(pre[t])  (activation "silu")   or   pre[t]  (activation None)
+    g[t]     = dy[t] * silu'(pre[t])     (activation "silu")   or   dy[t]   (activation None)
+    dx[t]    = sum_k w[:, k] * g[t + H - k]
+    dw[:, k] = sum_t g[t] * x[t - H + k]                 db    = sum_t g[t]   (one fixed order)
 
 The ladder, bottom to top; each rung calls the one below:
 
@@ -27,10 +30,10 @@ Eager calls pay for no dispatcher round trip: the custom ops exist for the compi
 the same code (rungs 1 and the same checks), so eager and compiled results are bitwise equal.
 
 Host cost: validation and the launchers' set-up depend only on the operands' metadata (shapes,
-strides, dtypes, devices) and cu_seqlens' values. A ``Plan`` holds their results per metadata
-signature, so a training loop's later calls skip both: they look the plan up (cu_seqlens' values
-are re-checked only when that tensor changed), allocate the outputs and launch the prepared
-kernels with the tensors' addresses.
+strides, dtypes, devices; the width is weight.shape[1]), the activation and cu_seqlens' values. A
+``Plan`` holds their results per signature, so a training loop's later calls skip both: they look
+the plan up (cu_seqlens' values are re-checked only when that tensor changed), allocate the
+outputs and launch the prepared kernels with the tensors' addresses.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ import torch
 from torch import Tensor
 
 from . import checks
-from .constants import TAPS
 from .kernels.launch import (
     _cuda_getDevice,
     backward_workspace_floats,
@@ -91,7 +93,7 @@ def _rows_out(t: Tensor, S: int, C: int) -> Tensor:
 
 
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
-    """Taps and bias as the kernels index them (``w[c * 4 + k]``, ``b[c]``)."""
+    """Taps and bias as the kernels index them (``w[c * W + k]``, ``b[c]``)."""
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
@@ -121,23 +123,26 @@ class Plan:
     """What validation and the launch set-up derive from a call's operand metadata.
 
     Built once per ``signature`` (shapes, strides, dtypes and devices of x, weight, bias and
-    cu_seqlens, and the backend) after ``checks.check_problem`` accepted the operands, and reused by
-    later calls of the same signature: they skip validation (cu_seqlens' values are still checked,
-    through that check's own cache per tensor identity and version) and the launchers' set-up.
+    cu_seqlens, the backend and the activation; the width W is weight.shape[1]) after
+    ``checks.check_problem`` accepted the operands, and reused by later calls of the same
+    signature: they skip validation (cu_seqlens' values are still checked, through that check's own
+    cache per tensor identity and version) and the launchers' set-up.
 
     ``fwd``: the prepared forward launch when the fast path applies (Triton backend, S > 0, x's rows
     viewable without a copy, contiguous taps and bias), else None; ``backward_for`` gives the
     prepared backward per dy layout. Holds no tensor (a later call's cu_seqlens is its own).
     """
 
-    __slots__ = ("S", "C", "seq_len", "backend", "dtype", "device_index", "gdt", "n_ws", "fwd", "_bwd", "_layout")
+    __slots__ = ("S", "C", "W", "activation", "seq_len", "backend", "dtype", "device_index", "gdt", "n_ws", "fwd",
+                 "_bwd", "_layout")
 
     def __init__(self, p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu: Optional[Tensor]):
         self.S, self.C, self.seq_len, self.backend = p.S, p.C, p.seq_len, p.backend
+        self.W, self.activation = p.W, p.activation
         self.dtype = x.dtype
         self.device_index = x.get_device()
         self.gdt = _grad_dtype(weight, bias)
-        self.n_ws = backward_workspace_floats(p.S, p.C)
+        self.n_ws = backward_workspace_floats(p.S, p.C, p.W)
         self.fwd = None
         self._bwd: dict = {}
         self._layout = None
@@ -148,7 +153,8 @@ class Plan:
             return
         # (x row stride, w dtype, b dtype, cu dtype, cu entries): what the backward's set-up needs too
         self._layout = (x_stride, weight.dtype, *optional_meta(bias, cu))
-        self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, *self._layout[1:], p.seq_len)
+        self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, *self._layout[1:], p.seq_len,
+                                   width=p.W, activation=p.activation)
 
     def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype):
         """The prepared backward launches for this dy (checked here the first time its layout is
@@ -167,7 +173,8 @@ class Plan:
             if dy_stride is not None:
                 x_stride, w_dtype, b_dtype, cu_dtype, n_cu = self._layout
                 launches = prepare_backward(self.S, self.C, x_stride, dy_stride, self.C, self.dtype, dy.dtype, w_dtype,
-                                            b_dtype, cu_dtype, n_cu, self.seq_len, dw_dtype)
+                                            b_dtype, cu_dtype, n_cu, self.seq_len, dw_dtype, width=self.W,
+                                            activation=self.activation)
             self._bwd[key] = launches
         return launches or None
 
@@ -179,30 +186,31 @@ def _row_stride(t: Tensor, S: int, C: int) -> Optional[int]:
     return r.stride(0) if r.data_ptr() == t.data_ptr() else None
 
 
-def signature(x, weight, bias, cu_seqlens, backend) -> tuple:
-    """The operand metadata a Plan depends on (AttributeError / TypeError for non-tensors)."""
+def signature(x, weight, bias, cu_seqlens, backend, activation="silu") -> tuple:
+    """The operand metadata and activation a Plan depends on (the width is in weight.shape);
+    AttributeError / TypeError for non-tensors."""
     return (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
             None if cu_seqlens is None else (cu_seqlens.shape, cu_seqlens.stride(), cu_seqlens.dtype, cu_seqlens.device),
-            backend)
+            backend, activation)
 
 
 _plans: dict = {}
 _MAX_PLANS = 512
 
 
-def plan_for(x, weight, bias, cu_seqlens, backend) -> Plan:
+def plan_for(x, weight, bias, cu_seqlens, backend, activation="silu") -> Plan:
     """The call's Plan: from the cache, or validated (raising TypeError / ValueError) and built."""
     try:
-        sig = signature(x, weight, bias, cu_seqlens, backend)
+        sig = signature(x, weight, bias, cu_seqlens, backend, activation)
         plan = _plans.get(sig)
-    except (AttributeError, TypeError):  # not tensors, or an unhashable backend: validation names it
+    except (AttributeError, TypeError):  # not tensors, or an unhashable backend / activation: validation names it
         sig = plan = None
     if plan is not None:
         if cu_seqlens is not None:
             checks.check_cu_values(cu_seqlens, plan.S)
         return plan
-    plan = Plan(checks.check_problem(x, weight, bias, cu_seqlens, backend), x, weight, bias, cu_seqlens)
+    plan = Plan(checks.check_problem(x, weight, bias, cu_seqlens, backend, activation), x, weight, bias, cu_seqlens)
     if sig is not None:
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
@@ -214,7 +222,7 @@ def plan_for(x, weight, bias, cu_seqlens, backend) -> Plan:
 
 def _forward(plan: Plan, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
              y: Tensor) -> None:
-    """y <- silu(conv(x)) for a validated call (its plan); y has x's shape and dtype."""
+    """y <- act(conv(x)) for a validated call (its plan: width and activation); y has x's shape and dtype."""
     if plan.fwd is not None and y.is_contiguous():  # the fast path: launch set-up done, no views
         with _on_device(plan.device_index):
             plan.fwd.run(x, weight, bias, cu_seqlens, y)
@@ -227,9 +235,9 @@ def _forward(plan: Plan, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_s
     w_CW, b_C = _contiguous(weight), _contiguous(bias)
     if plan.backend == "triton":
         with _on_device(plan.device_index):
-            triton_forward(x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, y_SC)
+            triton_forward(x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, y_SC, activation=plan.activation)
     else:
-        reference_forward(x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, out_SC=y_SC)
+        reference_forward(x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, out_SC=y_SC, activation=plan.activation)
     if not y.is_contiguous():
         y.copy_(y_SC.view(y.shape))
 
@@ -237,10 +245,10 @@ def _forward(plan: Plan, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_s
 def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor],
               cu_seqlens: Optional[Tensor], dx: Tensor, ws_F: Optional[Tensor], dw_CW: Tensor, db_C: Optional[Tensor],
               compiled: bool = False) -> None:
-    """dx, dw_CW and db_C (if not None; dw's dtype) for a validated call and dy: ``launches`` is
-    ``plan.backward_for(dy, x, dw_CW.dtype)``, which checked dy.
+    """dx, dw_CW [C, W] and db_C (if not None; dw's dtype) for a validated call (its plan: width and
+    activation) and dy: ``launches`` is ``plan.backward_for(dy, x, dw_CW.dtype)``, which checked dy.
 
-    ws_F: FP32 workspace of ``backward_workspace_floats(S, C)`` elements (Triton; None: allocated).
+    ws_F: FP32 workspace of ``backward_workspace_floats(S, C, W)`` elements (Triton; None: allocated).
     compiled: called by the custom op (torch.compile): the one-group kernel's ticket counters come
     from the workspace (kernels/launch.py, ``TicketCounters``).
     """
@@ -265,9 +273,10 @@ def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias:
             ws_F = dw_CW.new_empty(plan.n_ws, dtype=torch.float32)
         with _on_device(plan.device_index):
             triton_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len, dx_SC, ws_F, dw_CW, db_C,
-                            tickets_in_workspace=compiled)
+                            tickets_in_workspace=compiled, activation=plan.activation)
     else:
-        dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len)
+        dx32, dw32, db32, _ = reference_backward(dy_SC, x_SC, w_CW, b_C, cu_seqlens, plan.seq_len,
+                                                 activation=plan.activation)
         dx_SC.copy_(dx32)
         dw_CW.copy_(dw32)
         if db_C is not None:
@@ -280,34 +289,37 @@ def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias:
 
 @torch.library.custom_op("cakeconv::cake_causal_conv1d_det_forward_into", mutates_args=("y",))
 def forward_into_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                    backend: str, y: Tensor) -> None:
-    """y <- silu(causal_conv1d(x)) per document, validated first (see ``cake_causal_conv1d_det``)."""
-    plan = plan_for(x, weight, bias, cu_seqlens, backend)
+                    backend: str, y: Tensor, activation: Optional[str] = "silu") -> None:
+    """y <- act(causal_conv1d(x)) per document (W = weight.shape[1] taps; act SiLU or, for activation
+    None, the identity), validated first (see ``cake_causal_conv1d_det``)."""
+    plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
     checks.check_like("out", y, x.shape, x.dtype, x.device)
     _forward(plan, x, weight, bias, cu_seqlens, y)
 
 
 @forward_into_op.register_fake
-def _forward_into_fake(x, weight, bias, cu_seqlens, backend, y):
+def _forward_into_fake(x, weight, bias, cu_seqlens, backend, y, activation="silu"):
     return None
 
 
 @torch.library.custom_op("cakeconv::cake_causal_conv1d_det_backward_into",
                          mutates_args=("dx", "workspace", "dweight", "dbias"))
 def backward_into_op(dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                     backend: str, dx: Tensor, workspace: Tensor, dweight: Tensor, dbias: Tensor) -> None:
-    """dx, dweight [C, 4] and dbias [C] (a [0] placeholder without bias) into the given buffers.
+                     backend: str, dx: Tensor, workspace: Tensor, dweight: Tensor, dbias: Tensor,
+                     activation: Optional[str] = "silu") -> None:
+    """dx, dweight [C, W] and dbias [C] (a [0] placeholder without bias) into the given buffers, for
+    W = weight.shape[1] taps and the activation ("silu" or None).
 
-    workspace: FP32, at least ``backward_workspace_floats(S, C)`` elements.
+    workspace: FP32, at least ``backward_workspace_floats(S, C, W)`` elements.
     """
-    plan = plan_for(x, weight, bias, cu_seqlens, backend)
+    plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
     launches = plan.backward_for(dy, x, dweight.dtype)
     _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx, workspace, dweight, dbias if bias is not None else None,
               compiled=True)
 
 
 @backward_into_op.register_fake
-def _backward_into_fake(dy, x, weight, bias, cu_seqlens, backend, dx, workspace, dweight, dbias):
+def _backward_into_fake(dy, x, weight, bias, cu_seqlens, backend, dx, workspace, dweight, dbias, activation="silu"):
     return None
 
 
@@ -340,23 +352,34 @@ def is_cake_causal_conv1d_det_train_supported(device_or_tensor) -> bool:
     return False
 
 
-def cake_causal_conv1d_det_train_forward_workspace_bytes(S: int, C: int, **_ignored) -> int:
-    """Bytes of workspace the forward needs: 0 (it writes only y). Kept for a uniform API."""
-    if S < 0 or C < 0:
-        raise ValueError(f"S and C must be >= 0, got S = {S}, C = {C}")
-    return 0
+def cake_causal_conv1d_det_train_forward_workspace_bytes(S: int, C: int, *, width: int = 4, **_ignored) -> int:
+    """Bytes of workspace the forward needs: 0 for every width (it writes only y). Kept for a
+    uniform API.
 
-
-def cake_causal_conv1d_det_train_backward_workspace_bytes(S: int, C: int, **_ignored) -> int:
-    """Bytes of the backward workspace for S tokens and C channels.
-
-    It holds the FP32 dweight/dbias partials (5 * C floats per 64-token leaf, the most any
-    configuration writes, plus one group sum per 8192 tokens) and room for the returned dweight
-    and dbias (FP32-sized), so that a call given a workspace allocates nothing.
+    Raises:
+        ValueError: S or C negative, or a width outside 2..8 (the message names it).
     """
     if S < 0 or C < 0:
         raise ValueError(f"S and C must be >= 0, got S = {S}, C = {C}")
-    return 4 * backward_workspace_floats(S, C) + 4 * (TAPS + 1) * C
+    checks.check_width(width)
+    return 0
+
+
+def cake_causal_conv1d_det_train_backward_workspace_bytes(S: int, C: int, *, width: int = 4, **_ignored) -> int:
+    """Bytes of the backward workspace for S tokens, C channels and W = ``width`` taps (2..8).
+
+    It holds the FP32 dweight/dbias partials ((W + 1) * C floats per 64-token leaf, the most any
+    configuration writes, plus one group sum per 8192 tokens) and room for the returned dweight
+    ([C, W]) and dbias ([C]), FP32-sized, so that a call given a workspace allocates nothing. The
+    activation does not change the size.
+
+    Raises:
+        ValueError: S or C negative, or a width outside 2..8 (the message names it).
+    """
+    if S < 0 or C < 0:
+        raise ValueError(f"S and C must be >= 0, got S = {S}, C = {C}")
+    W = checks.check_width(width)
+    return 4 * backward_workspace_floats(S, C, W) + 4 * (W + 1) * C
 
 
 def _check_workspace(workspace, nbytes, device):
@@ -378,28 +401,37 @@ _GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def cake_causal_conv1d_det_train_forward(x, weight, bias=None, cu_seqlens=None, *, out=None,
-                                         workspace=None, backend="auto"):
-    """y = silu(causal_conv1d(x)) per document (no autograd). See ``cake_causal_conv1d_det``.
+                                         workspace=None, activation="silu", backend="auto"):
+    """y = act(causal_conv1d(x)) per document (no autograd). See ``cake_causal_conv1d_det``.
+
+    For token t of a document, W = weight.shape[1], rows before the document read as zero:
+    ``pre[t] = bias + sum_{k<W} weight[:, k] * x[t - (W - 1) + k]``; y = silu(pre) (activation
+    "silu") or y = pre (activation None), in FP32, rounded once to x's dtype.
 
     Args:
         x: [S, C], [1, S, C] or [B, T, C]; bf16, fp16 or fp32; C a multiple of 8.
-        weight: [C, 4] fp32 or bf16 taps (weight[:, 3] multiplies the current token).
+        weight: [C, W] fp32 or bf16 taps, 2 <= W <= 8 (weight[:, W - 1] multiplies the current token).
         bias: optional [C].
         cu_seqlens: optional int32/int64 [N + 1] document boundaries on x's device.
         out: optional buffer of x's shape and dtype that receives y (then nothing is allocated).
         workspace: accepted for symmetry with the backward; the forward needs none.
+        activation: "silu" (default) or None (the conv alone).
         backend: "auto", "triton" or "reference".
 
     Returns:
         y of x's shape and dtype (``out`` itself when given).
+
+    Raises:
+        TypeError, ValueError: bad operands, a width outside 2..8 or an unknown activation (the
+            message names the value), before any kernel launch.
     """
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
     if torch.compiler.is_compiling():
         y = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
-        forward_into_op(x, weight, bias, cu_seqlens, backend, y)
+        forward_into_op(x, weight, bias, cu_seqlens, backend, y, activation)
         return y
-    plan = plan_for(x, weight, bias, cu_seqlens, backend)
+    plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
     if out is not None:
         checks.check_like("out", out, x.shape, x.dtype, x.device)
         y = out
@@ -410,24 +442,32 @@ def cake_causal_conv1d_det_train_forward(x, weight, bias=None, cu_seqlens=None, 
 
 
 def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=None, *, dx=None,
-                                          workspace=None, dweight_dtype=torch.float32, backend="auto"):
-    """(dx, dweight, dbias) of y = silu(causal_conv1d(x)); dbias is None when bias is None.
+                                          workspace=None, dweight_dtype=torch.float32, activation="silu",
+                                          backend="auto"):
+    """(dx, dweight, dbias) of y = act(causal_conv1d(x)); dbias is None when bias is None.
+
+    With W = weight.shape[1], H = W - 1 and g = dy * silu'(pre) (activation "silu") or g = dy
+    (activation None), per document: ``dx[t] = sum_k weight[:, k] * g[t + H - k]``,
+    ``dweight[:, k] = sum_t g[t] * x[t - H + k]`` ([C, W]), ``dbias = sum_t g[t]``.
 
     The pre-activation is recomputed from x (nothing from the forward is needed). dweight and
     dbias are summed in FP32 in one fixed order (bitwise reproducible, independent of tuning) and
     returned in ``dweight_dtype``. Given ``dx`` (x's shape and dtype) and a ``workspace`` of
-    ``cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)`` bytes, the call allocates
-    nothing on the Triton backend; dweight and dbias are then views into the workspace (clone
-    them before the workspace is reused, e.g. by a later CUDA-graph replay). Two exceptions, made
-    once and kept: with 5 or more short documents, the first call with a ``cu_seqlens`` tensor
+    ``cake_causal_conv1d_det_train_backward_workspace_bytes(S, C, width=W)`` bytes, the call
+    allocates nothing on the Triton backend; dweight and dbias are then views into the workspace
+    (clone them before the workspace is reused, e.g. by a later CUDA-graph replay). Two exceptions,
+    made once and kept: with 5 or more short documents, the first call with a ``cu_seqlens`` tensor
     builds its per-token document index (4 bytes per token, kept while that tensor lives, reused by
     every later call and by a CUDA graph captured after it; both entry points); and the first
     backward on a stream allocates the dweight tree's ticket counters for that stream (at least 256
     bytes; under CUDA-graph capture the counters come from the workspace: nothing is allocated).
+
+    ``activation`` ("silu" or None) must be the forward's; the other arguments are the forward's
+    (see ``cake_causal_conv1d_det_train_forward``).
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        plan = plan_for(x, weight, bias, cu_seqlens, backend)
+        plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
         launches = plan.backward_for(dy, x, dweight_dtype)  # checks dy
     if dweight_dtype not in _GRAD_DTYPES:
         raise TypeError(f"dweight_dtype must be torch.float32, bfloat16 or float16, got {dweight_dtype}")
@@ -435,25 +475,27 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
         checks.check_like("dx", dx, x.shape, x.dtype, x.device)
     C = x.shape[-1]
     S = x.numel() // C if C else 0
-    n_ws = plan.n_ws if not compiling else backward_workspace_floats(S, C)
+    W = weight.shape[-1]
+    n_ws = plan.n_ws if not compiling else backward_workspace_floats(S, C, W)
     if workspace is not None:
-        nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C)
+        nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C, width=W)
         if not compiling:
             _check_workspace(workspace, nbytes, x.device)
-        # bytes [0, 4 n_ws): the FP32 partials; then dweight at 4 n_ws and dbias at 4 n_ws + 16 C (FP32-sized slots)
+        # bytes [0, 4 n_ws): the FP32 partials; then dweight at 4 n_ws and dbias at 4 n_ws + 4 W C (FP32-sized slots)
         ws_U = workspace if workspace.dim() == 1 and workspace.dtype == torch.uint8 else workspace.view(-1).view(torch.uint8)
         at, size = 4 * n_ws, dweight_dtype.itemsize
         if dweight_dtype == torch.float32:  # one FP32 view; dw and db are strided views of it (fewer ops per call)
-            ws_F = ws_U[:at + 20 * C].view(torch.float32)
+            ws_F = ws_U[:at + 4 * (W + 1) * C].view(torch.float32)
             o = ws_F.storage_offset() + n_ws
-            dw_CW = ws_F.as_strided((C, 4), (4, 1), o)
-            db_C = ws_F.as_strided((C,), (1,), o + 4 * C) if bias is not None else None
+            dw_CW = ws_F.as_strided((C, W), (W, 1), o)
+            db_C = ws_F.as_strided((C,), (1,), o + W * C) if bias is not None else None
         else:
             ws_F = ws_U[:at].view(torch.float32)
-            dw_CW = ws_U[at:at + 4 * C * size].view(dweight_dtype).view(C, 4)
+            dw_CW = ws_U[at:at + W * C * size].view(dweight_dtype).view(C, W)
             db_C = None
             if bias is not None:
-                db_C = ws_U[at + 16 * C:at + 16 * C + C * size].view(dweight_dtype)
+                at_b = at + 4 * W * C
+                db_C = ws_U[at_b:at_b + C * size].view(dweight_dtype)
     else:
         ws_F = None
         dw_CW = torch.empty_like(weight, dtype=dweight_dtype, memory_format=_CONTIGUOUS)
@@ -463,7 +505,7 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
         if ws_F is None:
             ws_F = torch.empty(n_ws, dtype=torch.float32, device=x.device)
         db = db_C if db_C is not None else dw_CW.new_empty((0,))
-        backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db)
+        backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db, activation)
     else:
         _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx_out, ws_F, dw_CW, db_C)
     return dx_out, dw_CW, db_C
@@ -472,44 +514,48 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
 # --------------------------------------------------------------------- 4. autograd Function
 
 class CakeCausalConv1dDetFunction(torch.autograd.Function):
-    """Packed width-4 depthwise causal conv1d + SiLU with a deterministic backward.
+    """Packed depthwise causal conv1d of W taps (2 <= W <= 8) + optional SiLU, deterministic backward.
 
-    ========  ===========================  =========================================
-    operand   shape                        dtype
-    ========  ===========================  =========================================
-    x         [S, C] | [1, S, C] | [B,T,C]  bf16 / fp16 / fp32
-    weight    [C, 4]                       fp32 / bf16 (w[:, 3] multiplies token t)
-    bias      [C] or None                  fp32 / bf16 / fp16
-    cu        [N + 1] or None              int32 / int64, on x's device
-    y         x's shape                    x's dtype
-    ========  ===========================  =========================================
+    ==========  ===========================  =============================================
+    operand     shape                        dtype
+    ==========  ===========================  =============================================
+    x           [S, C] | [1, S, C] | [B,T,C]  bf16 / fp16 / fp32
+    weight      [C, W]                       fp32 / bf16 (w[:, W - 1] multiplies token t)
+    bias        [C] or None                  fp32 / bf16 / fp16
+    cu          [N + 1] or None              int32 / int64, on x's device
+    activation  "silu" or None               (None: no activation)
+    y           x's shape                    x's dtype
+    ==========  ===========================  =============================================
 
-    Forward, per document [cu[d], cu[d+1]) with rows before cu[d] read as zero, in FP32:
-        pre[t] = b + sum_k w[:, k] * x[t - 3 + k],   y[t] = pre[t] * sigmoid(pre[t])
+    Forward, per document [cu[d], cu[d+1]) with rows before cu[d] read as zero, in FP32, H = W - 1:
+        pre[t] = b + sum_k w[:, k] * x[t - H + k]
+        y[t]   = pre[t] * sigmoid(pre[t])   ("silu")   or   pre[t]   (None)
     Backward (pre recomputed from the saved x; nothing else of size S * C is saved):
-        g[t]  = dy[t] * silu'(pre[t])
-        dx[t] = sum_k w[:, k] * g[t + 3 - k]              (g of the same document only)
-        dw    = sum_t g[t] * x[t - 3 + k],  db = sum_t g[t]   (FP32, one fixed order)
-    dweight and dbias are returned in the weight's and the bias's dtype, each rounded once from FP32.
+        g[t]  = dy[t] * silu'(pre[t])   ("silu")   or   dy[t]   (None)
+        dx[t] = sum_k w[:, k] * g[t + H - k]              (g of the same document only)
+        dw    = sum_t g[t] * x[t - H + k],  db = sum_t g[t]   (FP32, one fixed order)
+    dweight ([C, W]) and dbias are returned in the weight's and the bias's dtype, each rounded once
+    from FP32.
 
-    ``apply(x, weight, bias, cu_seqlens, backend)``. Eager, the forward validates once and the
-    backward reuses that validation (checking only dy); under torch.compile both call the custom
-    ops of rung 2 (module docstring), which validate when the graph runs.
+    ``apply(x, weight, bias, cu_seqlens, backend, activation="silu")``. Eager, the forward validates
+    once and the backward reuses that validation (checking only dy); under torch.compile both call
+    the custom ops of rung 2 (module docstring), which validate when the graph runs.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, cu_seqlens, backend):
+    def forward(ctx, x, weight, bias, cu_seqlens, backend, activation="silu"):
         if torch.compiler.is_compiling():
             y = torch.empty_like(x, memory_format=torch.contiguous_format)
-            forward_into_op(x, weight, bias, cu_seqlens, backend, y)
+            forward_into_op(x, weight, bias, cu_seqlens, backend, y, activation)
             ctx.plan = None
         else:
-            plan = plan_for(x, weight, bias, cu_seqlens, backend)
+            plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
             y = torch.empty_like(x, memory_format=_CONTIGUOUS)
             _forward(plan, x, weight, bias, cu_seqlens, y)
             ctx.plan = plan
         ctx.save_for_backward(x, weight, bias, cu_seqlens)
         ctx.backend = backend
+        ctx.activation = activation
         return y
 
     @staticmethod
@@ -519,15 +565,15 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
         if plan is None or torch.compiler.is_compiling():
             dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, weight, bias, cu_seqlens,
                                                                dweight_dtype=_grad_dtype(weight, bias),
-                                                               backend=ctx.backend)
+                                                               activation=ctx.activation, backend=ctx.backend)
         else:
             gdt = plan.gdt
             launches = plan.backward_for(dy, x, gdt)  # checks dy
             dx = torch.empty_like(x, memory_format=_CONTIGUOUS)
-            C = plan.C
+            C, W = plan.C, plan.W
             if bias is not None:
-                dwb = weight.new_empty((TAPS + 1) * C, dtype=gdt)
-                dw, db = dwb[:TAPS * C].view(C, TAPS), dwb[TAPS * C:]
+                dwb = weight.new_empty((W + 1) * C, dtype=gdt)
+                dw, db = dwb[:W * C].view(C, W), dwb[W * C:]
             else:
                 dw, db = torch.empty_like(weight, dtype=gdt, memory_format=_CONTIGUOUS), None
             _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx, None, dw, db)
@@ -535,34 +581,39 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
             dw = dw.to(weight.dtype)
         if db is not None and db.dtype != bias.dtype:
             db = db.to(bias.dtype)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
 # ------------------------------------------------------------------------ 5. the public op
 
-def _schema_types_ok(x, weight, bias, cu_seqlens, backend) -> bool:
-    """True when the operands fit the custom ops' schema (tensors, None where optional, a str)."""
+def _schema_types_ok(x, weight, bias, cu_seqlens, backend, activation) -> bool:
+    """True when the operands fit the custom ops' schema (tensors, None where optional, a str, and
+    a str or None for the activation)."""
     return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
             and (bias is None or isinstance(bias, torch.Tensor))
             and (cu_seqlens is None or isinstance(cu_seqlens, torch.Tensor))
-            and isinstance(backend, str))
+            and isinstance(backend, str) and (activation is None or isinstance(activation, str)))
 
 
-def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, backend="auto"):
-    """Autograd-enabled packed width-4 depthwise causal conv1d + SiLU, bitwise deterministic.
+def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, activation="silu", backend="auto"):
+    """Autograd-enabled packed depthwise causal conv1d of W taps (2 <= W <= 8) + SiLU (or no
+    activation), bitwise deterministic.
 
-    For token t of document [cu[d], cu[d+1]) (rows before cu[d] read as zero):
-    ``y[t] = silu(bias + sum_{k=0..3} weight[:, k] * x[t - 3 + k])``, computed in FP32 and rounded
-    once to x's dtype; the same as torch's ``conv1d(groups=C)`` with 3 rows of left zero padding
-    per document, then SiLU.
+    For token t of document [cu[d], cu[d+1]) (rows before cu[d] read as zero), W = weight.shape[1]:
+    ``pre[t] = bias + sum_{k=0..W-1} weight[:, k] * x[t - (W - 1) + k]`` (``weight[:, W - 1]``
+    multiplies the current token) and ``y[t] = silu(pre[t])`` (activation "silu", the default) or
+    ``y[t] = pre[t]`` (activation None), computed in FP32 and rounded once to x's dtype; the same as
+    torch's ``conv1d(groups=C)`` with W - 1 rows of left zero padding per document, then the
+    activation.
 
     Args:
         x: [S, C] or [1, S, C] packed tokens (with ``cu_seqlens``), or [B, T, C] (B documents of
             T tokens; ``cu_seqlens`` must then be None). bf16, fp16 or fp32; C a multiple of 8.
-        weight: [C, 4] fp32 or bf16 taps.
+        weight: [C, W] fp32 or bf16 taps, 2 <= W <= 8.
         bias: optional [C].
         cu_seqlens: contiguous int32/int64 [N + 1] on x's device, cu[0] = 0 <= ... <= cu[N] = S;
             empty documents allowed. None: one document per batch row.
+        activation: "silu" (default) or None.
         backend: "auto" (Triton on CUDA, reference on CPU), "triton" or "reference".
 
     Returns:
@@ -572,16 +623,17 @@ def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, backend="au
         ``..._backward_into``, opaque to the compiler).
 
     Raises:
-        TypeError, ValueError: bad operands (the message names the offending value), before any
-            kernel launch; under torch.compile when the compiled graph runs.
+        TypeError, ValueError: bad operands, a width outside 2..8 or an activation other than
+            "silu" / None (the message names the offending value), before any kernel launch;
+            under torch.compile when the compiled graph runs.
     """
-    if torch.compiler.is_compiling() and not _schema_types_ok(x, weight, bias, cu_seqlens, backend):
+    if torch.compiler.is_compiling() and not _schema_types_ok(x, weight, bias, cu_seqlens, backend, activation):
         # Not something the ops' schema takes: raise the validation error that names it.
-        checks.check_problem(x, weight, bias, cu_seqlens, backend)
+        checks.check_problem(x, weight, bias, cu_seqlens, backend, activation)
         raise TypeError(f"cake_causal_conv1d_det got operands of types {type(x).__name__}, "
                         f"{type(weight).__name__}, {type(bias).__name__}, {type(cu_seqlens).__name__}, "
-                        f"{type(backend).__name__}")
+                        f"{type(backend).__name__}, {type(activation).__name__}")
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)
                                     or (bias is not None and getattr(bias, "requires_grad", False))):
-        return CakeCausalConv1dDetFunction.apply(x, weight, bias, cu_seqlens, backend)
-    return cake_causal_conv1d_det_train_forward(x, weight, bias, cu_seqlens, backend=backend)
+        return CakeCausalConv1dDetFunction.apply(x, weight, bias, cu_seqlens, backend, activation)
+    return cake_causal_conv1d_det_train_forward(x, weight, bias, cu_seqlens, activation=activation, backend=backend)
