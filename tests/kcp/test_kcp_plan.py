@@ -5,7 +5,12 @@ definition written independently below (walk the tokens one by one). The halo ta
 by simulating the exchange in plain Python, so the distributed tests (test_kcp_exchange.py) only
 have to prove the transport.
 
-Shape legend: T global tokens, S local rows, C channels, D segments, H = 3 halo rows, P ranks.
+Every table is checked for the seed width's H = 3 and, against the same brute force, for every
+H = W - 1 of the widths 2..8 (``LayoutPlanner.plans``), with the peer links of H = 7 covering the
+messages of every H.
+
+Shape legend: T global tokens, S local rows, C channels, D segments, H = W - 1 halo rows (3 for
+the seed width), P ranks.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import torch
 from cakeconv.cake_causal_conv1d_det_train_backend.kcp.plan import (
     HALO_ROWS,
     LAYOUTS,
+    MAX_HALO_ROWS,
+    LayoutPlanner,
     build_rank_plans,
+    build_rank_plans_per_halo,
     layout_fragments,
     normalize_cu_seqlens,
     validate_fragments,
@@ -72,8 +80,9 @@ def doc_bounds(cu: list[int], token: int) -> tuple[int, int]:
     raise AssertionError(f"token {token} is in no document")
 
 
-def brute_force_plan(cu: list[int], fragments) -> list[dict]:
-    """Per rank: local tokens, segments as (first token, stop token), hist and fut source tables."""
+def brute_force_plan(cu: list[int], fragments, h: int = H) -> list[dict]:
+    """Per rank: local tokens, segments as (first token, stop token), hist and fut source tables
+    of ``h`` halo rows."""
     owner = {}
     local_tokens = []
     for r, rank_spans in enumerate(fragments):
@@ -95,13 +104,13 @@ def brute_force_plan(cu: list[int], fragments) -> list[dict]:
         hist, fut = [], []
         for first, stop in segments:
             ds, de = doc_bounds(cu, first)
-            hist.append([list(owner[u]) if u >= ds else [-1, -1] for u in range(first - H, first)])
-            fut.append([list(owner[u]) if u < de else [-1, -1] for u in range(stop, stop + H)])
+            hist.append([list(owner[u]) if u >= ds else [-1, -1] for u in range(first - h, first)])
+            fut.append([list(owner[u]) if u < de else [-1, -1] for u in range(stop, stop + h)])
         plans.append(dict(tokens=local_tokens[r], segments=segments, hist=hist, fut=fut))
     return plans
 
 
-def simulate_exchange(plans, kind: str, source_by_rank: list[torch.Tensor]) -> list[torch.Tensor]:
+def simulate_exchange(plans, kind: str, source_by_rank: list[torch.Tensor], h: int = H) -> list[torch.Tensor]:
     """Run every rank's HaloTables in one process: pack, pass the messages, fill the slots.
 
     ``source_by_rank[q]``: the rows rank q sends from and reads itself from (history: its local x
@@ -122,7 +131,7 @@ def simulate_exchange(plans, kind: str, source_by_rank: list[torch.Tensor]) -> l
         local = source_by_rank[plan.rank]
         recv = torch.cat([sent.pop((peer, plan.rank)) for peer, _ in tables.recvs]) if tables.recvs else local[:0]
         assert recv.shape[0] == tables.num_recv
-        buf = torch.zeros((plan.num_segments * H,) + tuple(local.shape[1:]), dtype=local.dtype)
+        buf = torch.zeros((plan.num_segments * h,) + tuple(local.shape[1:]), dtype=local.dtype)
         m = tables.map
         buf[m >= 0] = local[m[m >= 0]]
         buf[m <= -2] = recv[-2 - m[m <= -2]]
@@ -131,10 +140,11 @@ def simulate_exchange(plans, kind: str, source_by_rank: list[torch.Tensor]) -> l
     return buffers
 
 
-def check_plans(cu: list[int], fragments) -> None:
-    """Every table of every rank against the brute force, and the exchange specs by simulation."""
-    plans = build_rank_plans(cu, fragments)
-    expected = brute_force_plan(cu, fragments)
+def check_plans(cu: list[int], fragments, h: int = H, plans=None) -> None:
+    """Every table of every rank (``plans``, default ``build_rank_plans``; ``h`` halo rows) against
+    the brute force, and the exchange specs by simulation."""
+    plans = build_rank_plans(cu, fragments) if plans is None else plans
+    expected = brute_force_plan(cu, fragments, h)
     world_size = len(fragments)
     assert len(plans) == world_size
     for plan, exp in zip(plans, expected):
@@ -150,8 +160,9 @@ def check_plans(cu: list[int], fragments) -> None:
             cu_local.append(cu_local[-1] + length)
         assert plan.local_cu_seqlens.tolist() == cu_local, f"rank {r}"
         assert plan.num_segments == len(exp["segments"])
-        assert plan.hist_src.shape == (plan.num_segments, H, 2) and plan.hist_src.dtype == torch.int64
-        assert plan.fut_src.shape == (plan.num_segments, H, 2) and plan.fut_src.dtype == torch.int64
+        assert plan.halo_rows == h
+        assert plan.hist_src.shape == (plan.num_segments, h, 2) and plan.hist_src.dtype == torch.int64
+        assert plan.fut_src.shape == (plan.num_segments, h, 2) and plan.fut_src.dtype == torch.int64
         assert plan.hist_src.tolist() == exp["hist"], f"rank {r}"
         assert plan.fut_src.tolist() == exp["fut"], f"rank {r}"
 
@@ -171,23 +182,36 @@ def check_plans(cu: list[int], fragments) -> None:
                 peers = [q for q, _ in messages]
                 assert peers == sorted(set(peers)) and plan.rank not in peers
                 assert all(n > 0 for _, n in messages)
-            assert tables.map.shape == (plan.num_segments * H,)
+            assert tables.map.shape == (plan.num_segments * h,)
             for q, n in tables.sends:
                 assert dict(getattr(plans[q], kind).recvs)[plan.rank] == n
             for q, n in tables.recvs:
                 assert dict(getattr(plans[q], kind).sends)[plan.rank] == n
 
+    # Boundary rows: the first (last) min(h, length) rows of every segment with a history
+    # (look-ahead) row, in local rows, ascending.
+    for plan, exp in zip(plans, expected):
+        fwd, bwd, row = [], [], 0
+        for (first, stop), hist, fut in zip(exp["segments"], exp["hist"], exp["fut"]):
+            n = min(h, stop - first)
+            if any(q >= 0 for q, _ in hist):
+                fwd += range(row, row + n)
+            if any(q >= 0 for q, _ in fut):
+                bwd += range(row + stop - first - n, row + stop - first)
+            row += stop - first
+        assert plan.fix_fwd_rows.tolist() == sorted(fwd) and plan.fix_bwd_rows.tolist() == sorted(bwd), f"rank {plan.rank}"
+
     # Simulated exchange: history of x rows, future of g rows; x[t] = t + 1, g[t] = -(t + 1).
     x_by_rank = [(p.local_token_indices + 1).double()[:, None] * torch.tensor([[1.0, 10.0]]) for p in plans]
     g_by_rank = [-(p.local_token_indices[p.fut.g_rows] + 1).double()[:, None] * torch.tensor([[1.0, 10.0]]) for p in plans]
-    hist_bufs = simulate_exchange(plans, "hist", x_by_rank)
-    fut_bufs = simulate_exchange(plans, "fut", g_by_rank)
+    hist_bufs = simulate_exchange(plans, "hist", x_by_rank, h)
+    fut_bufs = simulate_exchange(plans, "fut", g_by_rank, h)
     for plan, exp, hist, fut in zip(plans, expected, hist_bufs, fut_bufs):
         want_hist, want_fut = [], []
         for first, stop in exp["segments"]:
             ds, de = doc_bounds(cu, first)
-            want_hist += [float(u + 1) if u >= ds else 0.0 for u in range(first - H, first)]
-            want_fut += [-float(u + 1) if u < de else 0.0 for u in range(stop, stop + H)]
+            want_hist += [float(u + 1) if u >= ds else 0.0 for u in range(first - h, first)]
+            want_fut += [-float(u + 1) if u < de else 0.0 for u in range(stop, stop + h)]
         assert hist[:, 0].tolist() == want_hist, f"rank {plan.rank}"
         assert fut[:, 0].tolist() == want_fut, f"rank {plan.rank}"
         assert torch.equal(hist[:, 1], hist[:, 0] * 10) and torch.equal(fut[:, 1], fut[:, 0] * 10)
@@ -424,3 +448,61 @@ def test_plan_to_device_keeps_values():
     assert moved.hist_src.device.type == "meta" and moved.num_segments == plan.num_segments
     back = plan.to(torch.device("cpu"))
     assert torch.equal(back.hist.map, plan.hist.map) and torch.equal(back.fut.g_rows, plan.fut.g_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every width: H = W - 1 for W = 2..8
+# ---------------------------------------------------------------------------------------------
+
+
+def _peers(messages) -> set[int]:
+    return {q for q, _ in messages}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_every_halo_size_against_brute_force(world_size):
+    """Random batches and fragments (many 1-token ones, so halos of 7 rows span many fragments and
+    ranks): the plans of every H against the brute force; the peer links of H = 7 are the union
+    of H = 7's message peers and cover every H's."""
+    rng = random.Random(77 + world_size)
+    for _ in range(3):
+        cu = random_cu_seqlens(rng, num_docs=rng.randint(1, 8), max_len=20)
+        fragments = random_fragments(rng, cu[-1], world_size)
+        planner = LayoutPlanner(cu, fragments)
+        links = planner.peer_links()
+        for h in range(1, MAX_HALO_ROWS + 1):
+            plans = planner.plans(h)
+            check_plans(cu, fragments, h, plans)
+            for plan, link in zip(plans, links):
+                for tables in (plan.hist, plan.fut):
+                    assert _peers(tables.sends) <= _peers(link.sends) and _peers(tables.recvs) <= _peers(link.recvs)
+        for plan, link in zip(planner.plans(MAX_HALO_ROWS), links):
+            assert _peers(link.sends) == _peers(plan.hist.sends) | _peers(plan.fut.sends)
+            assert _peers(link.recvs) == _peers(plan.hist.recvs) | _peers(plan.fut.recvs)
+            assert all(n == 1 for _, n in link.sends + link.recvs) and link.send_rows.numel() == len(link.sends)
+
+
+def test_width_8_one_token_per_rank_spans_seven_ranks():
+    # T = 8, P = 8, one document, rank r holds token r: rank 7's history comes from ranks 0..6.
+    cu = [0, 8]
+    plans = build_rank_plans(cu, layout_fragments(cu, 8, "contiguous"), halo_rows=7)
+    assert plans[7].hist_src.tolist() == [[[q, 0] for q in range(7)]]
+    assert plans[0].fut_src.tolist() == [[[q, 0] for q in range(1, 8)]]
+    assert [q for q, _ in plans[7].hist.recvs] == list(range(7)) and plans[7].fix_fwd_rows.tolist() == [0]
+    assert [q for q, _ in plans[3].hist.sends] == [4, 5, 6, 7] and [q for q, _ in plans[3].fut.sends] == [0, 1, 2]
+    check_plans(cu, layout_fragments(cu, 8, "contiguous"), 7, plans)
+
+
+def test_plans_per_halo_share_the_segments():
+    cu = [0, 5, 12]
+    by_rank = build_rank_plans_per_halo(cu, [[(0, 2), (7, 12)], [(2, 7)]], (1, 3, 7))
+    for by_h in by_rank:
+        assert sorted(by_h) == [1, 3, 7] and all(p.halo_rows == h for h, p in by_h.items())
+        assert by_h[1].local_cu_seqlens is by_h[7].local_cu_seqlens
+        assert by_h[3].local_token_indices is by_h[7].local_token_indices
+
+
+@pytest.mark.parametrize("halo_rows", [0, 8, -1])
+def test_halo_rows_outside_the_widths_raise(halo_rows):
+    with pytest.raises(ValueError, match=f"halo_rows must be in 1..7.*got {halo_rows}"):
+        build_rank_plans([0, 4], [[(0, 4)]], halo_rows=halo_rows)

@@ -93,15 +93,16 @@ def _contexts(rank, world, seed):
     ]
 
 
-def _inputs(ctx, seed):
-    """Per tensor i: global x, dy (bf16) and taps/bias (FP32), same on every rank; local shards."""
+def _inputs(ctx, seed, width=4):
+    """Per tensor i: global x, dy (bf16) and taps [C_i, width] / bias (FP32), same on every rank;
+    local shards."""
     g = torch.Generator().manual_seed(seed)
     T = ctx.total_tokens
     out = []
     for C in CS:
         x = torch.randn(T, C, generator=g).to(torch.bfloat16)
         dy = torch.randn(T, C, generator=g).to(torch.bfloat16)
-        w = torch.randn(C, 4, generator=g) * 0.5
+        w = torch.randn(C, width, generator=g) * 0.5
         b = torch.randn(C, generator=g) * 0.5
         out.append((ctx.shard(x), ctx.shard(dy), w, b))
     return out
@@ -109,15 +110,17 @@ def _inputs(ctx, seed):
 
 # ------------------------------------------------------------------------------------- runs
 
-def _conv(form, ctx, handle):
+def _conv(form, ctx, handle, activation="silu"):
     """The checkpointed function: args are (x_0, w_0, b_0, x_1, w_1, b_1), outputs a tuple of y."""
     if form == "single":
         def f(x, w, b, *_unused):
-            return (cake_causal_conv1d_det_kcp(x, w, ctx, bias=b, recompute_handle=handle, backend=BACKEND),)
+            return (cake_causal_conv1d_det_kcp(x, w, ctx, bias=b, activation=activation, recompute_handle=handle,
+                                               backend=BACKEND),)
     else:
         def f(x0, w0, b0, x1, w1, b1):
             return tuple(cake_causal_conv1d_det_multi_kcp([x0, x1], [w0, w1], ctx, biases=[b0, b1],
-                                                          recompute_handle=handle, backend=BACKEND))
+                                                          activation=activation, recompute_handle=handle,
+                                                          backend=BACKEND))
     return f
 
 
@@ -136,12 +139,12 @@ def _wrap(f, mode):
     return lambda *args: checkpoint(f, *args, use_reentrant=mode)
 
 
-def _run(form, ctx, data, mode, handle):
+def _run(form, ctx, data, mode, handle, activation="silu"):
     """Forward + backward; returns (outputs and grads, forward counts, backward counts)."""
     leaves = []
     for x, _, w, b in data:
         leaves += [x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)]
-    fn = _wrap(_conv(form, ctx, handle), mode)
+    fn = _wrap(_conv(form, ctx, handle, activation), mode)
     _take()
     ys = fn(*leaves)
     fwd = _take()
@@ -158,22 +161,25 @@ def _run(form, ctx, data, mode, handle):
     return outs, fwd, bwd
 
 
-def _case(rank, world, name, ctx, form, seed):
+def _case(rank, world, name, ctx, form, seed, width=4, activation="silu", modes=None):
+    """The table of the module docstring for one context and form (conv width ``width``; ``modes``:
+    the checkpoint modes, default all four); the stored histories are [D, width - 1, C_i]."""
     key = "conv" if form == "single" else "conv_multi"
-    where = f"rank {rank}/{world} {name} {form}"
-    data = _inputs(ctx, seed)
-    plain, fwd0, bwd0 = _run(form, ctx, data, None, None)
+    where = f"rank {rank}/{world} {name} {form} W={width} activation={activation}"
+    data = _inputs(ctx, seed, width)
+    plain, fwd0, bwd0 = _run(form, ctx, data, None, None, activation)
     assert fwd0["exchange"] == 1 and bwd0["exchange"] == 1, (where, fwd0, bwd0)
-    for mode in (True, False, ("nested", True), ("nested", False)):
+    for mode in modes or (True, False, ("nested", True), ("nested", False)):
         for use_handle in (False, True):
             what = f"{where} checkpoint={mode} handle={use_handle}"
             handle = RecomputeHandleDetKcp() if use_handle else None
-            outs, fwd, bwd = _run(form, ctx, data, mode, handle)
+            outs, fwd, bwd = _run(form, ctx, data, mode, handle, activation)
             assert fwd == fwd0, (what, "forward counts", fwd, fwd0)
             if use_handle:
                 assert set(handle.entries) == {key}, (what, handle)
                 hists = handle.entries[key]
-                assert [tuple(h.shape) for h in hists] == [(ctx.num_segments, 3, C) for C in (CS[:1] if form == "single" else CS)], what
+                assert [tuple(h.shape) for h in hists] == [(ctx.num_segments, width - 1, C)
+                                                           for C in (CS[:1] if form == "single" else CS)], what
                 # the recompute exchanged nothing: only the backward's own (future) exchange
                 assert bwd == bwd0, (what, "backward counts", bwd, bwd0)
             else:

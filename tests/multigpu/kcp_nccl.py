@@ -19,6 +19,10 @@ Checks (``--list`` prints them; ``--only`` / ``--skip`` take comma-separated nam
   short_docs     thousands of short documents (lengths 0-8, and 2P or 4P per document)
   empty_docs     runs of empty documents at the start, the end and on fragment edges
   multi          the multi form (three tensors, C = 256, 128, 64, own taps, one without bias)
+  widths         conv widths W = 2, 3, 5, 7, 8 with SiLU and without activation (SPEC 1b): every
+                 layout, round-robin 1-token fragments at W = 8 (7-row halos over up to 7 ranks),
+                 the multi form at W = 3 without activation, and (CUDA) a captured graph at W = 3
+                 after one eager call of that width
   recompute      RecomputeHandleDetKcp under torch.utils.checkpoint (use_reentrant True and False)
   compile        torch.compile(fullgraph=True) of Linear -> KCP conv (single and multi form)
   cuda_graph     KCP forward + backward captured in a CUDA graph on every rank, replayed on new
@@ -154,12 +158,12 @@ class Checker:
 
 # ------------------------------------------------------------------------------------ inputs
 
-def global_inputs(env, T, C, dtype, bias, seed):
-    """x, dy [T, C] (dtype) and FP32 taps / bias, the same on every rank, on the device."""
+def global_inputs(env, T, C, dtype, bias, seed, width=4):
+    """x, dy [T, C] (dtype) and FP32 taps [C, width] / bias, the same on every rank, on the device."""
     g = torch.Generator(device=env.device).manual_seed(seed)  # same stream on every rank's (identical) device
     x = torch.randn(T, C, generator=g, device=env.device).to(dtype)
     dy = torch.randn(T, C, generator=g, device=env.device).to(dtype)
-    w = torch.randn(C, 4, generator=g, device=env.device) * 0.5
+    w = torch.randn(C, width, generator=g, device=env.device) * 0.5
     b = torch.randn(C, generator=g, device=env.device) * 0.5 if bias else None
     return [x, dy, w, b]
 
@@ -198,21 +202,21 @@ def per_doc_cu(rng, P, n_docs, big_units):
 
 # ----------------------------------------------------------------------------------- the core
 
-def single(env, x, dy, w, b, cu):
+def single(env, x, dy, w, b, cu, activation="silu"):
     """The single-rank op of the whole batch: (y, dx, dweight, dbias)."""
     xs = x.clone().requires_grad_(True)
     ws = w.clone().requires_grad_(True)
     bs = b.clone().requires_grad_(True) if b is not None else None
-    y = cake_causal_conv1d_det(xs, ws, bs, cu_seqlens=cu, backend=env.conv_backend)
+    y = cake_causal_conv1d_det(xs, ws, bs, cu_seqlens=cu, activation=activation, backend=env.conv_backend)
     y.backward(dy)
     return y.detach(), xs.grad, ws.grad, (bs.grad if bs is not None else None)
 
 
-def kcp_step(env, ctx, x, dy, w, b):
+def kcp_step(env, ctx, x, dy, w, b, activation="silu"):
     xl = ctx.shard(x).requires_grad_(True)
     wl = w.clone().requires_grad_(True)
     bl = b.clone().requires_grad_(True) if b is not None else None
-    y = cake_causal_conv1d_det_kcp(xl, wl, ctx, bias=bl, backend=env.conv_backend)
+    y = cake_causal_conv1d_det_kcp(xl, wl, ctx, bias=bl, activation=activation, backend=env.conv_backend)
     y.backward(ctx.shard(dy))
     return y.detach(), xl.grad, wl.grad, (bl.grad if bl is not None else None)
 
@@ -232,21 +236,23 @@ def compare(env, chk, label, ctx, got, want, group=None):
     chk.cases += 1
 
 
-def run_case(env, chk, label, cu_list, *, layout=None, fragments=None, C=None, dtype=BF16, bias=True, seed=0, group=None):
+def run_case(env, chk, label, cu_list, *, layout=None, fragments=None, C=None, dtype=BF16, bias=True, seed=0, group=None,
+             width=4, activation="silu"):
     C = C or env.C
     T = cu_list[-1]
     t_case = time.time()
-    x, dy, w, b = global_inputs(env, T, C, dtype, bias, seed)
+    x, dy, w, b = global_inputs(env, T, C, dtype, bias, seed, width)
     cu = torch.tensor(cu_list, dtype=torch.int32, device=env.device)
-    want = single(env, x, dy, w, b, cu)
+    want = single(env, x, dy, w, b, cu, activation)
     ctx = build_kcp_context(cu, layout=layout, fragments=fragments, group=group)
     gsize = dist.get_world_size(group) if group is not None else env.world
     grank = dist.get_rank(group) if group is not None else env.rank
     chk.expect(ctx.rank == grank and ctx.world_size == gsize,
                f"{label}: ctx.rank/world_size = {ctx.rank}/{ctx.world_size}, the group says {grank}/{gsize}")
     chk.expect(ctx.local_token_indices.device == env.device, f"{label}: local_token_indices on {ctx.local_token_indices.device}")
-    got = kcp_step(env, ctx, x, dy, w, b)
-    name = f"{label} [{layout or 'fragments'} {str(dtype)[6:]} bias={bias} T={T} C={C} D={ctx.num_segments}]"
+    got = kcp_step(env, ctx, x, dy, w, b, activation)
+    width_text = "" if (width, activation) == (4, "silu") else f" W={width} activation={activation}"
+    name = f"{label} [{layout or 'fragments'} {str(dtype)[6:]} bias={bias} T={T} C={C} D={ctx.num_segments}{width_text}]"
     compare(env, chk, name, ctx, got, want, group)
     dt = time.time() - t_case
     if dt > 5.0:  # where a check's time goes (one_document once took 142 s)
@@ -342,27 +348,27 @@ def empty_docs(env, chk):
     run_case(env, chk, "1-token documents and empties", cu, layout="contiguous", seed=503)
 
 
-def _multi_case(env, chk, label, cu_list, *, layout=None, fragments=None, seed=0):
+def _multi_case(env, chk, label, cu_list, *, layout=None, fragments=None, seed=0, width=4, activation="silu"):
     T = cu_list[-1]
     cu = torch.tensor(cu_list, dtype=torch.int32, device=env.device)
     ctx = build_kcp_context(cu, layout=layout, fragments=fragments)
-    data = [global_inputs(env, T, C, BF16, True, seed + i) for i, C in enumerate(env.multi_C)]
+    data = [global_inputs(env, T, C, BF16, True, seed + i, width) for i, C in enumerate(env.multi_C)]
     data[1][3] = None  # the middle tensor without a bias
     xs = [ctx.shard(d[0]).requires_grad_(True) for d in data]
     ws = [d[2].clone().requires_grad_(True) for d in data]
     bs = [d[3].clone().requires_grad_(True) if d[3] is not None else None for d in data]
-    ys = cake_causal_conv1d_det_multi_kcp(xs, ws, ctx, biases=bs, backend=env.conv_backend)
+    ys = cake_causal_conv1d_det_multi_kcp(xs, ws, ctx, biases=bs, activation=activation, backend=env.conv_backend)
     torch.autograd.backward(list(ys), [ctx.shard(d[1]) for d in data])
     for i, d in enumerate(data):
         what = f"{label} tensor {i} (C = {env.multi_C[i]})"
-        one = kcp_step(env, ctx, *d)
+        one = kcp_step(env, ctx, *d, activation)
         chk.equal(ys[i].detach(), one[0], f"{what}: multi y vs single-tensor KCP")
         chk.equal(xs[i].grad, one[1], f"{what}: multi dx vs single-tensor KCP")
         chk.equal(ws[i].grad, one[2], f"{what}: multi dweight vs single-tensor KCP")
         if bs[i] is not None:
             chk.equal(bs[i].grad, one[3], f"{what}: multi dbias vs single-tensor KCP")
         chk.expect((bs[i] is None) == (one[3] is None), f"{what}: dbias presence")
-        want = single(env, d[0], d[1], d[2], d[3], cu)
+        want = single(env, d[0], d[1], d[2], d[3], cu, activation)
         compare(env, chk, what, ctx, (ys[i].detach(), xs[i].grad, ws[i].grad.clone(),
                                       bs[i].grad.clone() if bs[i] is not None else None), want)
 
@@ -376,6 +382,74 @@ def multi(env, chk):
     T = 1200 if env.cuda else 300
     cu = mixed_cu(rng, T, P, n_clusters=20)
     _multi_case(env, chk, "multi fragments", cu, fragments=deal_fragments(rng, T, P, (1, 2, 3)), seed=610)
+
+
+@check
+def widths(env, chk):
+    rng = random.Random(19)
+    P = env.world
+    T = env.T // 4
+    # (layout, W, activation): every layout, each width, both activations; bf16 with a bias (each
+    # (W, activation) compiles its own Triton kernels)
+    for i, (layout, W, act) in enumerate((("zigzag", 2, None), ("zigzag", 3, "silu"), ("contiguous", 5, None),
+                                          ("zigzag_per_document", 7, "silu"), ("zigzag_per_document", 8, None))):
+        cu = per_doc_cu(rng, P, 12, big_units=(T // (2 * P)) // 4) if layout == "zigzag_per_document" else mixed_cu(rng, T, P)
+        run_case(env, chk, "widths", cu, layout=layout, seed=800 + i, width=W, activation=act)
+    # round robin, 1 token each: a fragment's 7 history rows sit on up to 7 other ranks
+    T1 = 2048 if env.cuda else 256
+    cu1 = [0, 1, 2, 9, 700 % T1, T1 - 9, T1]
+    frags = [[(t, t + 1) for t in range(r, T1, P)] for r in range(P)]
+    for i, act in enumerate(("silu", None)):
+        run_case(env, chk, "round-robin 1-token fragments", cu1, fragments=frags, seed=810 + i, width=8, activation=act)
+    _multi_case(env, chk, "multi W = 3", mixed_cu(rng, T, P), layout="zigzag", seed=820, width=3, activation=None)
+    if env.cuda:
+        _graph_at_width(env, chk, width=3, activation=None)
+
+
+def _graph_at_width(env, chk, width, activation):
+    """A KCP forward + backward of width W captured after one eager call of that width (which
+    builds the context's tables of W), replayed on new data: bitwise the single-rank op."""
+    P, C = env.world, env.C
+    T = 4096 * P
+    cu = torch.tensor([0, 5, T // 3, T // 3 + 1, T], dtype=torch.int32, device=env.device)
+    ctx = build_kcp_context(cu, layout="zigzag")
+    g = torch.Generator().manual_seed(21)
+    w = (torch.randn(C, width, generator=g) * 0.5).to(env.device).requires_grad_(True)
+    b = (torch.randn(C, generator=g) * 0.5).to(env.device).requires_grad_(True)
+    x_s = torch.zeros(ctx.num_local_tokens, C, dtype=BF16, device=env.device).requires_grad_(True)
+    dy_s = torch.zeros(ctx.num_local_tokens, C, dtype=BF16, device=env.device)
+
+    def step():
+        y = cake_causal_conv1d_det_kcp(x_s, w, ctx, bias=b, activation=activation)
+        y.backward(dy_s)
+        return y
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # the eager calls: tables of the width, compile, connected peers
+            x_s.grad = w.grad = b.grad = None
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    chk.expect(width in ctx.widths, f"graph W = {width}: the eager call built no tables ({ctx.widths})")
+    x_s.grad = w.grad = b.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_s = step()
+    torch.cuda.synchronize()
+    for seed in (1, 2):
+        gg = torch.Generator().manual_seed(seed)
+        x = torch.randn(T, C, generator=gg).to(BF16).to(env.device)
+        dy = torch.randn(T, C, generator=gg).to(BF16).to(env.device)
+        with torch.no_grad():
+            x_s.copy_(ctx.shard(x))
+            dy_s.copy_(ctx.shard(dy))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = single(env, x, dy, w.detach(), b.detach(), cu, activation)
+        compare(env, chk, f"cuda graph W = {width} activation={activation} replay {seed}", ctx,
+                (y_s.detach().clone(), x_s.grad.clone(), w.grad.clone(), b.grad.clone()), want)
 
 
 @check

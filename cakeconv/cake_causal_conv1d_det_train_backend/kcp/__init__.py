@@ -1,6 +1,6 @@
 """Context parallel (KCP): the batch's fragments on the ranks of a process group.
 
-- ``plan.py``      layouts, fragment tables and each rank's tables (host, once per batch)
+- ``plan.py``      layouts, fragment tables and each rank's tables (host, once per batch and conv width)
 - ``exchange.py``  the point-to-point halo messages
 - ``context.py``   ``KcpContext`` / ``build_kcp_context`` (the plan on the device, the group)
 - ``from_fla.py``  ``KcpContext.from_fla``: the context of the batch a flash-linear-attention FLACPContext describes

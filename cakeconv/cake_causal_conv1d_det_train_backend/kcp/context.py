@@ -6,11 +6,24 @@ collective that every rank of the group was given the same batch and layout. Aft
 forward and backward need no host work: the local segment boundaries, the boundary rows and the
 halo tables are all device tensors of the plan.
 
-Shape legend: T global tokens, S local rows, C channels, D local segments, H halo rows (3), P ranks.
+The halo tables depend on the conv width W (H = W - 1 rows per segment and direction). The context
+builds those of W = 4 with itself and those of another width on the first call of that width
+(``KcpContext.plan_for_width``), then keeps them: host work once per width and context, never per
+call. Building every width up front would cost 2.7 to 3 times the build of W = 4 alone (measured
+on 8 ranks, T = 524,288 tokens: 25 -> 65 ms with 16k documents in zigzag, 0.44 -> 1.25 s with 13k
+documents in zigzag_per_document), a price every batch would pay for widths most models never
+use. Hence: a CUDA graph that captures a call of width W needs one eager call of that width on the
+context first (a capture that would build tables raises). The pairs of ranks that any width's
+exchanges use are connected at build time (those of W = 8 include every smaller width's), so a
+later width's first exchange opens no new connection.
+
+Shape legend: T global tokens, S local rows, C channels, D local segments, H = W - 1 halo rows,
+W conv width, P ranks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import threading
@@ -20,7 +33,17 @@ import torch
 import torch.distributed as dist
 
 from .exchange import coalescing, start_exchange
-from .plan import LAYOUTS, RankPlan, build_rank_plans, layout_fragments, normalize_cu_seqlens, validate_fragments
+from ..constants import MAX_WIDTH, MIN_WIDTH
+from .plan import (
+    LAYOUTS,
+    MAX_HALO_ROWS,
+    LayoutPlanner,
+    RankPlan,
+    build_rank_plans,
+    layout_fragments,
+    normalize_cu_seqlens,
+    validate_fragments,
+)
 
 class ObjectRegistry:
     """Process-local ints naming live objects that a torch custom op cannot take as an argument.
@@ -79,11 +102,14 @@ class KcpContext:
 
     It holds the process group, this rank's complete plan (every table computed by the plan
     builder, plan.py ``RankPlan``, on ``device``) and the ``op_id`` the torch custom ops carry.
+    ``plan`` is the plan of the seed width W = 4; ``plan_for_width(W)`` gives (and on first use
+    builds and keeps) the plan of any width 2..8. The segments, hence ``local_cu_seqlens`` and
+    ``local_token_indices``, are the same for every width.
 
     Attributes (read-only by convention):
         group: the torch.distributed process group, or None for a 1-rank context with no process
             group.
-        plan: the RankPlan; the properties below read it.
+        plan: the RankPlan of W = 4 (3 halo rows); the properties below read it.
         layout: the layout name, or ``"fragments"`` for an explicit table.
         fragments: the whole table, ``fragments[r]`` = tuple of ``(start, stop)`` global spans of
             rank r in its local order.
@@ -96,13 +122,20 @@ class KcpContext:
             one recompile, after which Dynamo treats it as a dynamic int.
     """
 
-    def __init__(self, *, group, layout: str, fragments, global_cu_seqlens, device: torch.device, plan: RankPlan):
+    def __init__(self, *, group, layout: str, fragments, global_cu_seqlens, device: torch.device, plan: RankPlan,
+                 planner: LayoutPlanner | None = None):
+        """``plan``: this rank's plan on ``device`` (any H; ``build_kcp_context`` gives H = 3).
+        ``planner``: the LayoutPlanner of ``global_cu_seqlens`` and ``fragments`` that built it, kept
+        to build other widths' plans (None: made again from them when first needed)."""
         self.group = group
         self.layout = layout
         self.fragments = fragments
         self.global_cu_seqlens = tuple(global_cu_seqlens)
         self.device = device
         self.plan = plan
+        self._plans = {plan.halo_rows: plan}  # H -> RankPlan on device
+        self._planner = planner
+        self._plans_lock = threading.Lock()
         self.coalesce = coalescing(group, device)  # NCCL batches the halo messages
         self.op_id: int = CONTEXTS.register(self)  # last: a failed construction registers nothing
 
@@ -121,6 +154,52 @@ class KcpContext:
                             doc="int64: local rows whose y needs the history halo.")
     fix_bwd_rows = property(lambda self: self.plan.fix_bwd_rows,
                             doc="int64: local rows whose dx needs the future halo.")
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The conv widths whose tables the context holds (ascending)."""
+        return tuple(sorted(h + 1 for h in self._plans))
+
+    def plan_for_width(self, width: int) -> RankPlan:
+        """This rank's plan for convs of width ``width`` (H = width - 1 halo rows), on ``device``.
+
+        The plan of a width is built on its first request (host work: the halo tables of all ranks
+        for that H, then one copy to the device), kept, and shared by every later call; its segment
+        tensors are ``plan``'s. The build needs no collective (every rank computes the same tables
+        from the same global inputs). It cannot run while a CUDA graph is being captured: make one
+        eager call of each width first.
+
+        Raises:
+            ValueError: width outside 2..8.
+            RuntimeError: the tables of ``width`` are missing while a CUDA graph is being captured.
+        """
+        plan = self._plans.get(width - 1) if type(width) is int else None
+        if plan is not None:
+            return plan
+        if isinstance(width, bool) or not isinstance(width, int) or not MIN_WIDTH <= width <= MAX_WIDTH:
+            raise ValueError(f"the conv width must be an int from {MIN_WIDTH} to {MAX_WIDTH}, got {width!r}")
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"the KcpContext has no halo tables for width W = {width} yet and cannot build them while a CUDA "
+                f"graph is being captured: make one eager call of width {width} with this context before capturing")
+        with self._plans_lock:
+            plan = self._plans.get(width - 1)
+            if plan is None:
+                plan = self._build_plan(width - 1, self._layout_planner())
+                self._plans[width - 1] = plan  # last: a failed build leaves nothing behind
+        return plan
+
+    def _layout_planner(self) -> LayoutPlanner:
+        if self._planner is None:
+            self._planner = LayoutPlanner(self.global_cu_seqlens, self.fragments)
+        return self._planner
+
+    def _build_plan(self, h: int, planner: LayoutPlanner) -> RankPlan:
+        """This rank's plan of H = h on the device, sharing ``plan``'s segment tensors."""
+        host = planner.plans(h)[self.rank]
+        assert host.num_segments == self.plan.num_segments and host.num_local_tokens == self.plan.num_local_tokens
+        return dataclasses.replace(host, local_token_indices=self.plan.local_token_indices,
+                                   local_cu_seqlens=self.plan.local_cu_seqlens).to(self.device)
 
     def __repr__(self) -> str:
         return (
@@ -163,12 +242,14 @@ class KcpContext:
         built, and cross-checked, by one). The copies are enqueued on the current stream.
 
         The caps: every table must keep its shape, i.e. the same group, rank, local token count
-        S_local, local segment count D, the same messages (peers and row counts) and the same
-        numbers of boundary rows. ``other`` must be built for the same group and device. Whether a
-        new batch fits depends on where its document boundaries fall: the same layout and T, the
-        same number of local segments (document pieces; empty documents make none) on every rank,
-        and no document boundary within 3 tokens of a fragment edge in either batch, give equal
-        shapes.
+        S_local, local segment count D, the same messages (peers, row counts, and for messages sent
+        as slices of x their first rows) and the same numbers of boundary rows. ``other`` must be
+        built for the same group and device. Whether a new batch fits depends on where its
+        document boundaries fall: the same layout and T, the same number of local segments
+        (document pieces; empty documents make none) on every rank, and no document boundary
+        within W - 1 tokens of a fragment edge in either batch, give equal shapes. The tables of
+        every width this context holds (``widths``) are checked and loaded; ``other`` builds
+        those it lacks (host work, no collective).
 
         Raises:
             ValueError: a table whose shape differs (named in the message), other messages, or a
@@ -180,25 +261,36 @@ class KcpContext:
             raise ValueError(
                 f"load_layout_ needs a context of the same group, rank and device: this is rank {self.rank} of "
                 f"{self.world_size} on {self.device}, the other rank {other.rank} of {other.world_size} on {other.device}")
-        for name in ("hist", "fut"):
-            mine, theirs = getattr(self.plan, name), getattr(other.plan, name)
-            if (mine.sends, mine.recvs) != (theirs.sends, theirs.recvs):
+        pairs = [(h, self._plans[h], other.plan_for_width(h + 1)) for h in sorted(self._plans)]
+        for h, mine_plan, theirs_plan in pairs:
+            width = "" if h == self.plan.halo_rows else f" of width W = {h + 1}"
+            for name in ("hist", "fut"):
+                mine, theirs = getattr(mine_plan, name), getattr(theirs_plan, name)
+                if (mine.sends, mine.recvs) != (theirs.sends, theirs.recvs):
+                    raise ValueError(
+                        f"load_layout_: the {name} messages{width} differ (this context sends {mine.sends} and "
+                        f"receives {mine.recvs} as (peer, rows), the other {theirs.sends} / {theirs.recvs}); a "
+                        f"captured graph cannot serve it")
+                if mine.send_starts != theirs.send_starts:
+                    raise ValueError(
+                        f"load_layout_: the {name} messages{width} start at other rows (this context sends slices "
+                        f"of x from rows {mine.send_starts}, the other from {theirs.send_starts}); a captured "
+                        f"graph cannot serve it")
+            mine, theirs = mine_plan.device_tables(), theirs_plan.device_tables()
+            bad = [f"{k}{width}: {tuple(mine[k].shape)} vs {tuple(theirs[k].shape)}" for k in mine
+                   if mine[k].shape != theirs[k].shape or mine[k].dtype != theirs[k].dtype]
+            if bad:
                 raise ValueError(
-                    f"load_layout_: the {name} messages differ (this context sends {mine.sends} and receives "
-                    f"{mine.recvs} as (peer, rows), the other {theirs.sends} / {theirs.recvs}); a captured "
-                    f"graph cannot serve it")
-        mine, theirs = self.plan.device_tables(), other.plan.device_tables()
-        bad = [f"{k}: {tuple(mine[k].shape)} vs {tuple(theirs[k].shape)}" for k in mine
-               if mine[k].shape != theirs[k].shape or mine[k].dtype != theirs[k].dtype]
-        if bad:
-            raise ValueError(
-                "load_layout_: the new layout does not fit this context's tables (a captured graph keeps their "
-                "shapes); differing: " + "; ".join(bad))
-        for k, t in mine.items():
-            t.copy_(theirs[k])
+                    "load_layout_: the new layout does not fit this context's tables (a captured graph keeps their "
+                    "shapes); differing: " + "; ".join(bad))
+        for _, mine_plan, theirs_plan in pairs:
+            theirs = theirs_plan.device_tables()
+            for k, t in mine_plan.device_tables().items():
+                t.copy_(theirs[k])
         self.layout = other.layout
         self.fragments = other.fragments
         self.global_cu_seqlens = other.global_cu_seqlens
+        self._planner = other._planner
         return self
 
     def shard(self, x_global: torch.Tensor) -> torch.Tensor:
@@ -279,7 +371,8 @@ def build_kcp_context(cu_seqlens, *, layout=None, group=None, fragments=None, de
         else:
             layout_name = "fragments"
             table = validate_fragments(fragments, cu[-1], world_size)
-        plan = build_rank_plans(cu, table)[rank]
+        planner = LayoutPlanner(cu, table)
+        plan = build_rank_plans(cu, table, planner=planner)[rank]
         fingerprint = [1, world_size, _LAYOUT_IDS[layout_name], cu[-1], _hash_ints(cu), _hash_ints(_flatten(table))]
     except Exception as exc:  # re-raised below, after the collective
         error = exc
@@ -291,15 +384,16 @@ def build_kcp_context(cu_seqlens, *, layout=None, group=None, fragments=None, de
         raise error
 
     ctx = KcpContext(group=group, layout=layout_name, fragments=table, global_cu_seqlens=cu, device=device,
-                     plan=plan.to(device))
+                     plan=plan.to(device), planner=planner)
     if group is not None:
-        _connect_peers(ctx)
+        _connect_peers(ctx, planner.peer_links(MAX_HALO_ROWS)[rank])
     return ctx
 
 
-def _connect_peers(ctx: KcpContext) -> None:
-    """One tiny exchange in each direction, so that every pair of ranks that exchanges halo rows
-    is connected before the first KCP call.
+def _connect_peers(ctx: KcpContext, links) -> None:
+    """One tiny exchange along ``links`` (plan.py ``LayoutPlanner.peer_links``: every pair of ranks
+    whose halo exchanges of any width 2..8 move rows), so that those pairs are connected before the
+    first KCP call of any width.
 
     NCCL connects a pair of ranks lazily, at their first point-to-point operation, and the host
     waits there until both ranks take part. Here every rank takes part (the build is collective);
@@ -307,10 +401,9 @@ def _connect_peers(ctx: KcpContext) -> None:
     watchdog ends it after the timeout, instead of waiting on the host, where nothing does.
     """
     device = _collective_device(ctx.group)
-    for tables in (ctx.plan.hist, ctx.plan.fut):
-        send = torch.zeros((tables.num_send, 1), dtype=torch.float32, device=device)
-        recv = torch.empty((tables.num_recv, 1), dtype=torch.float32, device=device)
-        start_exchange(send, recv, tables, ctx.group, coalescing(ctx.group, device)).wait()
+    send = torch.zeros((links.num_send, 1), dtype=torch.float32, device=device)
+    recv = torch.empty((links.num_recv, 1), dtype=torch.float32, device=device)
+    start_exchange(send, recv, links, ctx.group, coalescing(ctx.group, device)).wait()
 
 
 def _flatten(table) -> list[int]:

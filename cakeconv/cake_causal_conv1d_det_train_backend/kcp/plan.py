@@ -10,11 +10,18 @@ Vocabulary:
   local order, are its local rows.
 - segment: a maximal run of local rows that are consecutive global tokens within one fragment AND
   one document. ``local_cu_seqlens`` cuts the local rows into segments; the conv treats each
-  segment as a "document" whose 3 history rows come from the halo instead of zeros.
-- halo: the ``H = 3`` rows before a segment (history, for the forward) and the 3 rows after it
-  (future, for the backward), only inside the segment's document. They may live on any rank,
-  including this one, and may span several fragments ("multi-hop") when fragments are shorter
-  than 3 tokens.
+  segment as a "document" whose H history rows come from the halo instead of zeros.
+- halo: for a conv of width W, the ``H = W - 1`` rows before a segment (history, for the forward)
+  and the H rows after it (future, for the backward), only inside the segment's document. They may
+  live on any rank, including this one, and may span several fragments ("multi-hop") when
+  fragments are shorter than H tokens. The segments do not depend on W; the halo tables do: a
+  ``RankPlan`` holds the tables of one H (``halo_rows``; 3 for the seed width W = 4). A
+  ``LayoutPlanner`` does the work every H shares (token owners, segments) once; its ``plans(H)``
+  adds one H's tables and ``peer_links(7)`` the pairs of ranks that any width's exchanges use.
+  Measured on 8 ranks, T = 524,288 tokens: the shared work 31 ms and about 6 ms per H with 16k
+  documents in zigzag, 0.54 s and about 0.2 s per H with 13k documents in zigzag_per_document;
+  all seven H cost 2.7 to 3 times H = 3 alone. So the context (context.py) builds H = 3 with
+  itself and another H on its first use.
 
 Slot layout of the halo buffers (what the kernels index):
     slot = d * H + j        (d: segment, j in 0..H-1)
@@ -26,7 +33,7 @@ and zero in the exchanged buffer.
 Shape legend (tensor-name suffixes):
     T  global tokens          P  ranks (world size)       N  documents
     S  S_local, local rows    C  channels                 D  n_seg, local segments
-    H  halo rows (3)          F  n_fut, rows of this rank sent as future rows
+    H  halo rows (W - 1)      F  n_fut, rows of this rank sent as future rows
     K  a peer's message length
 """
 
@@ -39,7 +46,10 @@ from typing import Sequence
 
 import torch
 
-from ..constants import HALO_ROWS  # H = W - 1 = 3 for the width-4 conv
+from ..constants import HALO_ROWS, MAX_WIDTH  # H = W - 1: 3 for the seed width W = 4
+
+MAX_HALO_ROWS = MAX_WIDTH - 1
+"""The largest H a plan is built for (W = 8)."""
 
 LAYOUTS = ("contiguous", "zigzag", "zigzag_per_document")
 """Names accepted by ``layout_fragments``."""
@@ -273,7 +283,10 @@ class HaloTables:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RankPlan:
-    """Everything one rank needs for the KCP forward and backward, computed on the host.
+    """Everything one rank needs for the KCP forward and backward of one width, on the host.
+
+    The tables serve the convs of width ``W = halo_rows + 1``; the segment fields
+    (``local_token_indices``, ``local_cu_seqlens``) are the same for every width.
 
     Fields (CPU tensors until ``to(device)``):
         rank, world_size: this rank and P (in the process group).
@@ -286,12 +299,13 @@ class RankPlan:
             document start.
         fut_src: int64 [D, H, 2]: ``(owner_rank, owner_local_row)`` of global token
             ``stop_token(d) + j``, or ``(-1, -1)`` when that token is at or past the document end.
-        fix_fwd_rows: int64: the first (up to 3) rows of every segment with a history row (their
+        fix_fwd_rows: int64: the first (up to H) rows of every segment with a history row (their
             taps reach into another fragment): the forward rewrites their y once the halo is in.
-        fix_bwd_rows: int64: the last (up to 3) rows of every segment with a look-ahead row: the
+        fix_bwd_rows: int64: the last (up to H) rows of every segment with a look-ahead row: the
             backward rewrites their dx once the future halo is in.
         hist: HaloTables of the history exchange (x rows before each segment).
         fut: HaloTables of the future exchange (FP32 g rows after each segment).
+        halo_rows: H, the rows of each segment's history and future (W - 1).
     """
 
     rank: int
@@ -306,6 +320,7 @@ class RankPlan:
     fix_bwd_rows: torch.Tensor
     hist: HaloTables
     fut: HaloTables
+    halo_rows: int = HALO_ROWS
 
     def to(self, device) -> "RankPlan":
         """A copy with every tensor on ``device``."""
@@ -364,10 +379,10 @@ def _owners(tok_DH: torch.Tensor, valid_DH: torch.Tensor, owner_rank_T: torch.Te
 
 
 def _boundary_rows(local_cu: torch.Tensor, hist_src: torch.Tensor, fut_src: torch.Tensor):
-    """(fix_fwd_rows, fix_bwd_rows), sorted int64 (see RankPlan)."""
+    """(fix_fwd_rows, fix_bwd_rows), sorted int64 (see RankPlan); H from the tables' shape."""
     cu = local_cu.to(torch.int64)
     start_D, length_D = cu[:-1], cu[1:] - cu[:-1]
-    j_H = torch.arange(HALO_ROWS, dtype=torch.int64)
+    j_H = torch.arange(hist_src.shape[1], dtype=torch.int64)
     inside_DH = j_H[None, :] < length_D[:, None]
     has_hist_D = (hist_src[:, :, 0] >= 0).any(1)
     has_fut_D = (fut_src[:, :, 0] >= 0).any(1)
@@ -429,73 +444,155 @@ def _slice_starts(send_rows: torch.Tensor, sends) -> tuple[int, ...] | None:
     return tuple(starts)
 
 
-def build_rank_plans(cu_seqlens, fragments) -> list[RankPlan]:
-    """Plans of all ranks (``len(fragments)`` of them) from the global boundaries and fragments.
+def build_rank_plans(cu_seqlens, fragments, halo_rows: int = HALO_ROWS, *, planner=None) -> list[RankPlan]:
+    """Plans of all ranks (``len(fragments)`` of them) for one halo size H = ``halo_rows``.
 
     Deterministic and identical on every rank: each rank may call it and keep
     ``plans[rank]``. Validates both inputs (``normalize_cu_seqlens``, ``validate_fragments``).
+    ``halo_rows`` is W - 1 of the conv the plans serve (default 3, the seed width W = 4).
+    ``planner``: the ``LayoutPlanner`` of these same inputs, to reuse its work (None: one is made).
 
     Raises:
+        ValueError: bad ``cu_seqlens`` or fragment table, or ``halo_rows`` outside 1..7.
+    """
+    if planner is None:
+        planner = LayoutPlanner(cu_seqlens, fragments)
+    return planner.plans(halo_rows)
+
+
+def build_rank_plans_per_halo(cu_seqlens, fragments, halo_rows) -> list[dict[int, RankPlan]]:
+    """Plans of all ranks for each H of ``halo_rows`` (ints in 1..7): ``out[rank][H]``.
+
+    The owners of the tokens and the segments are computed once (``LayoutPlanner``) and shared by
+    every H's plan (the same CPU tensors); only the halo tables are per H.
+    """
+    planner = LayoutPlanner(cu_seqlens, fragments)
+    out: list[dict[int, RankPlan]] = [dict() for _ in range(planner.num_ranks)]
+    for h in dict.fromkeys(halo_rows):
+        for r, plan in enumerate(planner.plans(h)):
+            out[r][h] = plan
+    return out
+
+
+def _check_halo_rows(halo_rows) -> int:
+    h = operator.index(halo_rows)
+    if not 1 <= h <= MAX_HALO_ROWS:
+        raise ValueError(f"halo_rows must be in 1..{MAX_HALO_ROWS} (conv widths 2..{MAX_WIDTH}), got {h}")
+    return h
+
+
+class LayoutPlanner:
+    """The token owners and the segments of a batch layout, from which the plans of any H are built.
+
+    Building a ``LayoutPlanner`` validates the inputs and does the work every H shares: the owner
+    (rank, local row) of every global token and each rank's segments. ``plans(H)`` then adds the
+    halo tables of one H for all ranks, ``peer_links(H)`` the pairs of ranks they connect.
+    Deterministic and identical on every rank. Holds on the host 2 int64 [T] owner tables, each
+    rank's local token indices (T int64 in all) and segments.
+
+    Raises (construction):
         ValueError: bad ``cu_seqlens`` or fragment table.
     """
-    cu = normalize_cu_seqlens(cu_seqlens)
-    num_tokens = cu[-1]
-    table = validate_fragments(fragments, num_tokens, len(fragments))
-    num_ranks = len(table)
 
-    # Owner of every global token: rank and local row.
-    owner_rank_T = torch.full((num_tokens,), -1, dtype=torch.int64)
-    owner_row_T = torch.full((num_tokens,), -1, dtype=torch.int64)
-    local_token_indices = []
-    for r, rank_spans in enumerate(table):
-        start_F = torch.tensor([start for start, _ in rank_spans], dtype=torch.int64)
-        length_F = torch.tensor([stop - start for start, stop in rank_spans], dtype=torch.int64)
-        num_rows = int(length_F.sum())
-        first_row_F = torch.cumsum(length_F, 0) - length_F
-        # global token of local row i = start of its fragment + (i - first row of its fragment)
-        row_S = torch.arange(num_rows, dtype=torch.int64)
-        tokens_S = row_S + torch.repeat_interleave(start_F - first_row_F, length_F)
-        owner_rank_T[tokens_S] = r
-        owner_row_T[tokens_S] = row_S
-        local_token_indices.append(tokens_S)
-    assert bool((owner_rank_T >= 0).all()), "validated fragments must cover every token"
+    def __init__(self, cu_seqlens, fragments):
+        cu = normalize_cu_seqlens(cu_seqlens)
+        num_tokens = cu[-1]
+        table = validate_fragments(fragments, num_tokens, len(fragments))
+        self.num_ranks = len(table)
 
-    j_H = torch.arange(HALO_ROWS, dtype=torch.int64)
-    local_cu, hist_src, fut_src = [], [], []
-    for r, rank_spans in enumerate(table):
-        seg_start, seg_stop, doc_start, doc_stop = _segments_of_rank(cu, rank_spans)
-        lengths_D = torch.tensor([b - a for a, b in zip(seg_start, seg_stop)], dtype=torch.int64)
-        cu_D1 = torch.zeros(len(seg_start) + 1, dtype=torch.int64)
-        cu_D1[1:] = torch.cumsum(lengths_D, 0)
-        local_cu.append(cu_D1.to(torch.int32))
-        start_D = torch.tensor(seg_start, dtype=torch.int64)
-        stop_D = torch.tensor(seg_stop, dtype=torch.int64)
-        doc_start_D = torch.tensor(doc_start, dtype=torch.int64)
-        doc_stop_D = torch.tensor(doc_stop, dtype=torch.int64)
-        hist_tok_DH = start_D[:, None] - HALO_ROWS + j_H[None, :]
-        fut_tok_DH = stop_D[:, None] + j_H[None, :]
-        hist_src.append(_owners(hist_tok_DH, hist_tok_DH >= doc_start_D[:, None], owner_rank_T, owner_row_T))
-        fut_src.append(_owners(fut_tok_DH, fut_tok_DH < doc_stop_D[:, None], owner_rank_T, owner_row_T))
+        # Owner of every global token: rank and local row.
+        owner_rank_T = torch.full((num_tokens,), -1, dtype=torch.int64)
+        owner_row_T = torch.full((num_tokens,), -1, dtype=torch.int64)
+        local_token_indices = []
+        for r, rank_spans in enumerate(table):
+            start_F = torch.tensor([start for start, _ in rank_spans], dtype=torch.int64)
+            length_F = torch.tensor([stop - start for start, stop in rank_spans], dtype=torch.int64)
+            num_rows = int(length_F.sum())
+            first_row_F = torch.cumsum(length_F, 0) - length_F
+            # global token of local row i = start of its fragment + (i - first row of its fragment)
+            row_S = torch.arange(num_rows, dtype=torch.int64)
+            tokens_S = row_S + torch.repeat_interleave(start_F - first_row_F, length_F)
+            owner_rank_T[tokens_S] = r
+            owner_row_T[tokens_S] = row_S
+            local_token_indices.append(tokens_S)
+        assert bool((owner_rank_T >= 0).all()), "validated fragments must cover every token"
 
-    hist_tables = _halo_tables([h.reshape(-1, 2) for h in hist_src], future=False)
-    fut_tables = _halo_tables([f.reshape(-1, 2) for f in fut_src], future=True)
-    plans = []
-    for r in range(num_ranks):
-        fix_fwd, fix_bwd = _boundary_rows(local_cu[r], hist_src[r], fut_src[r])
-        plans.append(
-            RankPlan(
-                rank=r,
-                world_size=num_ranks,
-                num_local_tokens=local_token_indices[r].numel(),
-                num_segments=local_cu[r].numel() - 1,
-                local_token_indices=local_token_indices[r],
-                local_cu_seqlens=local_cu[r],
-                hist_src=hist_src[r],
-                fut_src=fut_src[r],
-                fix_fwd_rows=fix_fwd,
-                fix_bwd_rows=fix_bwd,
-                hist=hist_tables[r],
-                fut=fut_tables[r],
+        # Segments of every rank: local boundaries; global first and stop token; document bounds.
+        local_cu, segments = [], []
+        for rank_spans in table:
+            seg_start, seg_stop, doc_start, doc_stop = _segments_of_rank(cu, rank_spans)
+            lengths_D = torch.tensor([b - a for a, b in zip(seg_start, seg_stop)], dtype=torch.int64)
+            cu_D1 = torch.zeros(len(seg_start) + 1, dtype=torch.int64)
+            cu_D1[1:] = torch.cumsum(lengths_D, 0)
+            local_cu.append(cu_D1.to(torch.int32))
+            segments.append(tuple(torch.tensor(v, dtype=torch.int64)
+                                  for v in (seg_start, seg_stop, doc_start, doc_stop)))
+        self._owner_rank_T, self._owner_row_T = owner_rank_T, owner_row_T
+        self._local_token_indices, self._local_cu, self._segments = local_token_indices, local_cu, segments
+
+    def _sources(self, h: int):
+        """Per rank: (hist_src [D, H, 2], fut_src [D, H, 2]) of RankPlan for H = h."""
+        j_H = torch.arange(h, dtype=torch.int64)
+        out = []
+        for start_D, stop_D, doc_start_D, doc_stop_D in self._segments:
+            hist_tok_DH = start_D[:, None] - h + j_H[None, :]
+            fut_tok_DH = stop_D[:, None] + j_H[None, :]
+            owners = (self._owner_rank_T, self._owner_row_T)
+            out.append((_owners(hist_tok_DH, hist_tok_DH >= doc_start_D[:, None], *owners),
+                        _owners(fut_tok_DH, fut_tok_DH < doc_stop_D[:, None], *owners)))
+        return out
+
+    def plans(self, halo_rows: int = HALO_ROWS) -> list[RankPlan]:
+        """Every rank's RankPlan for H = ``halo_rows`` (1..7; ValueError otherwise)."""
+        h = _check_halo_rows(halo_rows)
+        sources = self._sources(h)
+        hist_tables = _halo_tables([hist.reshape(-1, 2) for hist, _ in sources], future=False)
+        fut_tables = _halo_tables([fut.reshape(-1, 2) for _, fut in sources], future=True)
+        plans = []
+        for r, (hist_src, fut_src) in enumerate(sources):
+            fix_fwd, fix_bwd = _boundary_rows(self._local_cu[r], hist_src, fut_src)
+            plans.append(
+                RankPlan(
+                    rank=r,
+                    world_size=self.num_ranks,
+                    num_local_tokens=self._local_token_indices[r].numel(),
+                    num_segments=self._local_cu[r].numel() - 1,
+                    local_token_indices=self._local_token_indices[r],
+                    local_cu_seqlens=self._local_cu[r],
+                    hist_src=hist_src,
+                    fut_src=fut_src,
+                    fix_fwd_rows=fix_fwd,
+                    fix_bwd_rows=fix_bwd,
+                    hist=hist_tables[r],
+                    fut=fut_tables[r],
+                    halo_rows=h,
+                )
             )
-        )
-    return plans
+        return plans
+
+    def peer_links(self, halo_rows: int = MAX_HALO_ROWS) -> list[HaloTables]:
+        """Per rank: a one-row message to and from every peer that the exchanges of any H <= halo_rows use.
+
+        Both exchanges move rows from the rank that owns a token to the rank that reads it (x rows
+        before a segment, g rows after it), and the tokens of H' rows are among those of H >= H'
+        rows, so the (owner, reader) pairs of H = 7 cover every width. ``sends``/``recvs`` list
+        those peers with one row each; ``map``, ``g_rows`` are empty, ``send_rows`` zeros.
+        """
+        h = _check_halo_rows(halo_rows)
+        j_H = torch.arange(h, dtype=torch.int64)
+        reads_PP = torch.zeros((self.num_ranks, self.num_ranks), dtype=torch.bool)  # [reader, owner]
+        for r, (start_D, stop_D, doc_start_D, doc_stop_D) in enumerate(self._segments):
+            hist_tok_DH = start_D[:, None] - h + j_H[None, :]
+            fut_tok_DH = stop_D[:, None] + j_H[None, :]
+            tokens = torch.cat([hist_tok_DH[hist_tok_DH >= doc_start_D[:, None]],
+                                fut_tok_DH[fut_tok_DH < doc_stop_D[:, None]]])
+            reads_PP[r] = torch.bincount(self._owner_rank_T[tokens], minlength=self.num_ranks) > 0
+        reads_PP.fill_diagonal_(False)
+        links = []
+        empty = torch.empty(0, dtype=torch.int64)
+        for r in range(self.num_ranks):
+            sends = tuple((q, 1) for q in torch.nonzero(reads_PP[:, r]).flatten().tolist())
+            recvs = tuple((q, 1) for q in torch.nonzero(reads_PP[r]).flatten().tolist())
+            links.append(HaloTables(send_rows=torch.zeros(len(sends), dtype=torch.int64), sends=sends, recvs=recvs,
+                                    map=empty, g_rows=empty, send_starts=None))
+        return links
