@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of cakeconv's deterministic packed causal conv1d + SiLU against its peers (one GPU).
+"""Benchmark of cakeconv's deterministic packed causal conv1d (any width, SiLU or none) against its peers (one GPU).
 
 Run from the repository root on a CUDA machine:
 
@@ -10,6 +10,7 @@ Run from the repository root on a CUDA machine:
     python benchmarks/bench_cake_causal_conv1d_det.py --rows 250340x128,250340x512 --passes fwdbwd \\
         --bias no --eager --host-cost                                # SPEC 7's eager loop and host cost
     python benchmarks/bench_cake_causal_conv1d_det.py --out benchmarks/results --name h200_summary ...
+    python benchmarks/bench_cake_causal_conv1d_det.py --width 2,3,4,8 --activation silu,none --rows 250340x512
     python benchmarks/bench_cake_causal_conv1d_det.py --dry-run --eager --host-cost   # CPU, reference backend
 
 Three timings (benchmarks/README.md has the long form; SPEC section 7; the protocol is timing.py's):
@@ -24,11 +25,14 @@ Three timings (benchmarks/README.md has the long form; SPEC section 7; the proto
 * Host cost (``--host-cost``, host_cost.py): the same at a tiny shape where the GPU is idle, beside a trivial
   autograd.Function and torch.nn.functional.silu.
 
-Document mixes (``--doc-mix``, doc_mixes.py), the grid and the inputs (shapes.py), the providers (ours,
-ours_search, ours_ag, fla, dao: providers.py), the correctness check before timing (correctness.py), the
-rows and files (report_rows.py), the table (report_table.py) and the plots (report_plots.py) each have
-their module. Every row records its mix, number of documents and shortest/longest document, and the run's
-GPU, versions, date and commit (environment.py).
+Widths and activations (``--width 2,...,8``, ``--activation silu,none``; default 4 and silu): every (W,
+activation) runs at every mix, shape and bias variant, on the same x and dy (taps [C, W]); a provider that cannot
+take a (W, activation) (Dao's: W = 2..4) is skipped there with a note. Document mixes (``--doc-mix``,
+doc_mixes.py), the grid and the inputs (shapes.py), the providers (ours, ours_search, ours_ag, fla, dao,
+dao_det: providers.py), the correctness check before timing (correctness.py), the rows and files
+(report_rows.py), the table (report_table.py) and the plots (report_plots.py) each have their module. Every
+row records its mix, number of documents and shortest/longest document, its width and activation, and the
+run's GPU, versions, date and commit (environment.py).
 """
 
 from __future__ import annotations
@@ -48,10 +52,10 @@ from eager_loop import eager_at_shape  # noqa: E402
 from environment import REPO_ROOT, run_environment  # noqa: E402
 from gpu_time import time_gpu  # noqa: E402
 from host_cost import host_cost  # noqa: E402
-from measures import EAGER_METHOD, PASS_LABEL  # noqa: E402
+from measures import EAGER_METHOD, PASS_LABEL, activation_arg, activation_label  # noqa: E402
 from progress import fmt_secs, log, note  # noqa: E402
 from providers import load_providers, peer_versions  # noqa: E402
-from report_plots import plot, plot_host_cost  # noqa: E402
+from report_plots import plot, plot_host_cost, plot_widths  # noqa: E402
 from report_rows import PartialFile, build_rows, write_outputs  # noqa: E402
 from report_table import format_table  # noqa: E402
 from run_settings import parse_args, resolve_settings  # noqa: E402
@@ -87,6 +91,8 @@ def environment(torch, st, cakeconv, provs, argv) -> dict:
     env.update(peer_versions(provs))
     env["ours_backend"] = st.backend
     env["doc_mixes"] = st.mixes
+    env["widths"] = st.widths
+    env["activations"] = st.activations
     env["chain"] = st.chain
     env["calls_per_sample"] = st.n_calls
     env["host_ahead"] = "auto" if st.ahead_auto else st.base_ahead_us
@@ -94,9 +100,17 @@ def environment(torch, st, cakeconv, provs, argv) -> dict:
     return env
 
 
+def where_of(sh, use_bias=None) -> str:
+    """The words that name a shape (and its W, activation and bias variant) in progress lines and notes."""
+    if use_bias is None:
+        return f"{sh.mix} S={sh.S} C={sh.C}"
+    return (f"{sh.mix} S={sh.S} C={sh.C} W={sh.width} {'silu' if sh.activation else 'no activation'} "
+            f"bias={'yes' if use_bias else 'no'}")
+
+
 def prepare(provs, sh, notes: list, use_bias=None, need_bwd_graph=False) -> list:
     """The providers that prepared this shape (use_bias None) or this bias variant; the others are noted."""
-    where = f"{sh.mix} S={sh.S} C={sh.C}" + ("" if use_bias is None else f" bias={use_bias}")
+    where = where_of(sh, use_bias)
     ready = []
     for p in provs:
         try:
@@ -120,13 +134,13 @@ def run_variant(torch, st, sh, live, use_bias, clock, notes, record, checks, cou
         log(f"{tag}: {sh.n_docs} documents ({sh.doc_min}-{sh.doc_max}); checking {[p.name for p in active]} "
             "against the FP32 reference")
         checks += check_shape(torch, sh, active, use_bias, notes)
-    base = {"mix": sh.mix, "S": sh.S, "C": sh.C, "n_docs": sh.n_docs, "doc_min": sh.doc_min, "doc_max": sh.doc_max,
-            "bias": use_bias}
+    base = {"mix": sh.mix, "S": sh.S, "C": sh.C, "width": sh.width, "activation": activation_label(sh.activation),
+            "n_docs": sh.n_docs, "doc_min": sh.doc_min, "doc_max": sh.doc_max, "bias": use_bias}
 
     def on_error(name, p_, exc):
-        note(notes, f"{name} {p_} failed {sh.mix} S={sh.S} C={sh.C} bias={use_bias}: {type(exc).__name__}: {exc}")
+        note(notes, f"{name} {p_} failed {where_of(sh, use_bias)}: {type(exc).__name__}: {exc}")
 
-    calls = [(p, p_, p.callable_for(p_, sh, use_bias)) for p in active for p_ in st.passes]
+    calls = [(p, p_, p.around(p.callable_for(p_, sh, use_bias))) for p in active for p_ in st.passes]
     g = time_gpu(clock, calls, len(sh.sets), counter, st.reps, st.warmup, st.base_ahead_us, st.ahead_auto, on_error)
     calls = None  # drop the closures (they hold this shape's tensors)
     summary = []
@@ -147,23 +161,40 @@ def run_variant(torch, st, sh, live, use_bias, clock, notes, record, checks, cou
     return g.counter, summary
 
 
+def taking(provs, width: int, activation: str, notes: list, noted: set) -> list:
+    """The providers that take (width, activation label); each one that does not is noted once per pair."""
+    out = []
+    for p in provs:
+        why = p.supports(width, activation_arg(activation))
+        if why is None:
+            out.append(p)
+        elif (p.name, width, activation) not in noted:
+            noted.add((p.name, width, activation))
+            note(notes, f"{p.name}: skipped at W={width}, activation {activation}: {why}")
+    return out
+
+
 def run_grid(torch, st, provs, clock, notes, record, checks, t_start) -> None:
-    """Every mix x shape x bias variant of the run, with progress lines (elapsed time, ETA)."""
+    """Every mix x shape x (W, activation) x bias variant of the run, with progress lines (elapsed time, ETA)."""
     grid = [(mix, S, C) for mix in st.mixes for S, C in st.shapes] if (st.passes or st.eager_modes) else []
-    total_w = sum(S * C for _, S, C in grid) * len(st.bias_variants)
+    total_w = sum(S * C for _, S, C in grid) * len(st.bias_variants) * len(st.width_acts)
     done_w = counter = 0
+    noted = set()
     for i_shape, (mix, S, C) in enumerate(grid):
         sh = make_shape(torch, S, C, st.device, st.seed, st.mean_doc_len, st.l2_bytes, st.max_sets, mix=mix)
         live = prepare(provs, sh, notes)
-        for use_bias in st.bias_variants:
-            tag = f"[{i_shape + 1}/{len(grid)}] {mix} S={S} C={C} bias={'yes' if use_bias else 'no'}"
-            t0 = time.perf_counter()
-            counter, summary = run_variant(torch, st, sh, live, use_bias, clock, notes, record, checks, counter, tag)
-            done_w += S * C
-            el = time.perf_counter() - t_start
-            eta = el / max(1, done_w) * (total_w - done_w)
-            log(f"{tag}: {len(sh.sets)} sets, {sh.n_docs} docs, {time.perf_counter() - t0:.1f}s  {'  '.join(summary)}  "
-                f"elapsed {fmt_secs(el)} ETA {fmt_secs(eta)}")
+        for width, act in st.width_acts:
+            sh.use_taps(torch, width, activation_arg(act))
+            fit = taking(live, width, act, notes, noted)
+            for use_bias in st.bias_variants:
+                tag = f"[{i_shape + 1}/{len(grid)}] {where_of(sh, use_bias)}"
+                t0 = time.perf_counter()
+                counter, summary = run_variant(torch, st, sh, fit, use_bias, clock, notes, record, checks, counter, tag)
+                done_w += S * C
+                el = time.perf_counter() - t_start
+                eta = el / max(1, done_w) * (total_w - done_w)
+                log(f"{tag}: {len(sh.sets)} sets, {sh.n_docs} docs, {time.perf_counter() - t0:.1f}s  "
+                    f"{'  '.join(summary)}  elapsed {fmt_secs(el)} ETA {fmt_secs(eta)}")
         for p in provs:
             p.release_shape()
         del sh
@@ -183,6 +214,7 @@ def host_ahead_notes(rows, st) -> list[str]:
         out.append(f"{len(slow)} rows took the host longer than 80% of their host-ahead window to enqueue (host-bound, "
                    "or a host sync inside the call): their spans include host time; worst: "
                    + ", ".join(f"{r['provider']} {PASS_LABEL[r['pass']]} {r['mix']} S={r['S']} C={r['C']} "
+                               f"W={r['width']} {r['activation']} "
                                f"{r['host_ms']:.2f} ms of {r['host_ahead_us'] / 1e3:.1f}" for r in worst))
     longer = sorted({(r["provider"], round(r["host_ahead_us"] / 1e3, 1)) for r in gpu
                      if r["host_ahead_us"] > st.base_ahead_us})
@@ -197,7 +229,8 @@ def write_results(rows, checks, env, notes, st, elapsed) -> str:
     os.makedirs(st.out, exist_ok=True)
     paths = write_outputs(rows, checks, env, notes, st.out, elapsed, st.stem)
     if st.plot:
-        pngs = [plot(rows, st.sweep_s, env, st.out, notes, st.stem), plot_host_cost(rows, env, st.out, notes, st.stem)]
+        pngs = [plot(rows, st.sweep_s, env, st.out, notes, st.stem), plot_host_cost(rows, env, st.out, notes, st.stem),
+                plot_widths(rows, st.sweep_s, env, st.out, notes, st.stem)]
         paths += [p for p in pngs if p]
     table_path = os.path.join(st.out, st.stem + "_table.txt")
     paths.append(table_path)

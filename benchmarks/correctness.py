@@ -1,61 +1,73 @@
-"""Correctness before speed: every provider's y, dx, dweight and dbias against an FP32 reference of SPEC section 1.
+"""Correctness before speed: every provider's y, dx, dweight and dbias against an FP32 reference of SPEC section 1
+(1b: any width W from 2 to 8, SiLU or no activation), at the shape's W and activation.
 
 The reference (independent of cakeconv) computes in FP32 with its reductions in FP64, on channel blocks to
 bound memory. The comparison is the relative L2 error with a bf16 tolerance (``CHECK_TOL``); NaN or inf
 fails. Two more checks when their providers ran: ours and ours_search must give the same bits, and ours'
 y is compared directly with flash-linear-attention's (relative error and max |diff|).
 
-Shape legend: S tokens, C channels.
+Shape legend: S tokens, C channels, W taps per channel.
 """
 
 from __future__ import annotations
 
 import math
 
-from measures import CHECK_TOL
+from measures import CHECK_TOL, activation_label
 from progress import note
 from shapes import ShapeData
 
 CHUNK = 1 << 24  # elements per chunk of a comparison (the big shapes hold 2e9)
 
+def _shift(torch, t, s: int, pos, back: bool):
+    """t moved s rows within each document, zeros where that leaves it: back=True gives row t - s at row t (the
+    forward's taps), back=False row t + s (the backward's), using pos (each token's position in its document)."""
+    out = torch.zeros_like(t)
+    if back:
+        out[s:] = t[:-s]
+        out[pos < s] = 0.0
+    else:
+        src = t.clone()
+        src[pos < s] = 0.0  # row t' reaches back to t' - s only inside its document
+        out[:-s] = src[s:]
+    return out
+
+
 def reference(torch, sh: ShapeData, x, dy, use_bias: bool, block_c: int = 1024):
-    """(y, dx fp32 [S, C], dweight fp64 [C, 4], dbias fp64 [C]) of SPEC section 1 on x, dy [S, C]."""
+    """(y, dx fp32 [S, C], dweight fp64 [C, W], dbias fp64 [C]) of SPEC section 1b on x, dy [S, C], with the
+    shape's taps [C, W] (w[:, W - 1] multiplies the current token) and activation ("silu" or None)."""
     S, C = x.shape
+    W, silu = sh.w.shape[1], sh.activation is not None
     y = torch.empty(S, C, dtype=torch.float32, device=x.device)
     dx = torch.empty(S, C, dtype=torch.float32, device=x.device)
-    dw = torch.empty(C, 4, dtype=torch.float64, device=x.device)
+    dw = torch.empty(C, W, dtype=torch.float64, device=x.device)
     db = torch.empty(C, dtype=torch.float64, device=x.device)
     pos = sh.pos
     for c0 in range(0, C, block_c):
         c1 = min(C, c0 + block_c)
         xf = x[:, c0:c1].float()
         wf = sh.w[c0:c1].float()
-        shifted = {}
-        pre = xf * wf[:, 3]
+        pre = xf * wf[:, W - 1]
         if use_bias:
             pre = pre + sh.b[c0:c1].float()
-        for s in (1, 2, 3):
-            xs = torch.zeros_like(xf)
-            xs[s:] = xf[:-s]
-            xs[pos < s] = 0.0
-            shifted[s] = xs
-            pre = pre + xs * wf[:, 3 - s]
-        sig = 1.0 / (1.0 + torch.exp(-pre))
-        y[:, c0:c1] = pre * sig
-        g = dy[:, c0:c1].float() * sig * (1.0 + pre * (1.0 - sig))
-        dxb = g * wf[:, 3]
-        for s in (1, 2, 3):
-            gm = g.clone()
-            gm[pos < s] = 0.0  # g[t'] reaches back to t' - s only inside its document
-            gs = torch.zeros_like(g)
-            gs[:-s] = gm[s:]
-            dxb = dxb + gs * wf[:, 3 - s]
+        for s in range(1, W):
+            pre = pre + _shift(torch, xf, s, pos, True) * wf[:, W - 1 - s]
+        g = dy[:, c0:c1].float()
+        if silu:
+            sig = 1.0 / (1.0 + torch.exp(-pre))
+            y[:, c0:c1] = pre * sig
+            g = g * sig * (1.0 + pre * (1.0 - sig))
+            del sig
+        else:
+            y[:, c0:c1] = pre
+        dxb = g * wf[:, W - 1]
+        dw[c0:c1, W - 1] = torch.sum(g * xf, 0, dtype=torch.float64)
+        for s in range(1, W):
+            dxb = dxb + _shift(torch, g, s, pos, False) * wf[:, W - 1 - s]
+            dw[c0:c1, W - 1 - s] = torch.sum(g * _shift(torch, xf, s, pos, True), 0, dtype=torch.float64)
         dx[:, c0:c1] = dxb
-        dw[c0:c1, 3] = torch.sum(g * xf, 0, dtype=torch.float64)
-        for s in (1, 2, 3):
-            dw[c0:c1, 3 - s] = torch.sum(g * shifted[s], 0, dtype=torch.float64)
         db[c0:c1] = torch.sum(g, 0, dtype=torch.float64)
-        del xf, shifted, pre, sig, g, dxb
+        del xf, pre, g, dxb
     return y, dx, dw, db
 
 
@@ -79,7 +91,7 @@ def rel_err(torch, got, ref, chunk: int = CHUNK) -> float:
 
 def _provider_check(torch, sh, p, use_bias, ref):
     """(check row, outputs) of provider p on set 0."""
-    y, dx, dw, db = p.outputs(sh, use_bias)
+    y, dx, dw, db = p.around(p.outputs)(sh, use_bias)
     errs = {
         "y_rel": rel_err(torch, y, ref[0]),
         "dx_rel": rel_err(torch, dx, ref[1]),
@@ -120,7 +132,8 @@ def check_shape(torch, sh: ShapeData, active: list, use_bias: bool, notes: list)
         try:
             row, out = _provider_check(torch, sh, p, use_bias, ref)
         except Exception as exc:  # noqa: BLE001 - a provider that fails is reported and dropped
-            note(notes, f"{p.name} failed its check run {sh.mix} S={sh.S} C={sh.C} bias={use_bias}: "
+            note(notes, f"{p.name} failed its check run {sh.mix} S={sh.S} C={sh.C} W={sh.width} "
+                        f"activation={activation_label(sh.activation)} bias={use_bias}: "
                         f"{type(exc).__name__}: {exc}")
             active.remove(p)
             p.release_bias()
@@ -133,5 +146,6 @@ def check_shape(torch, sh: ShapeData, active: list, use_bias: bool, notes: list)
         rows.append(_same_bits_check(torch, outputs["ours"], outputs["ours_search"]))
     if "ours" in outputs and "fla" in outputs:
         rows.append(_ours_vs_fla_check(torch, outputs["ours"][0], outputs["fla"][0]))
-    head = {"kind": "check", "mix": sh.mix, "S": sh.S, "C": sh.C, "bias": use_bias}
+    head = {"kind": "check", "mix": sh.mix, "S": sh.S, "C": sh.C, "width": sh.width,
+            "activation": activation_label(sh.activation), "bias": use_bias}
     return [{**head, **row} for row in rows]

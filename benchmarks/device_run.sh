@@ -15,15 +15,19 @@
 #              disk cache is shared), then FLA's autotuning of the same C alone on the GPU (cached on disk)
 # Benchmarks (each waits for the background work above, then packs its folder into $OUT/<step>.tgz and prints its
 # short table last)
-#   summary    the README's table, one run: ours, FLA, Dao; seed mix and uniform 1-64; S = 250,340, C = 128, 512,
-#              2048 (SUMMARY_ROWS); GPU time of fwd and fwd+bwd; eager loop at the seed mix, C = 128 and 512; host
-#              cost; SUMMARY_REPS (15) timed calls                                   -> summary.tgz: <gpu>_summary.*
-#   mixes      GPU time of fwd and fwd+bwd (MIX_PASSES), ours, FLA and Dao (MIX_PROVIDERS), document mixes seed,
-#              uniform 1-8 / 1-64 / 1-1024, all of length 1 (MIXES) x S = 250,340, C = 128, 256, 512, 2048 (MIX_ROWS)
-#                                                                                     -> mixes.tgz: <gpu>_mixes.*
-#   hostcost   host cost per call at S = 4096, C = 256 (ours, FLA, Dao, the trivial Function, silu) and the GPU time
-#              and eager loop of fwd+bwd at the seed mix, S = 250,340, C = 128 and 512 (HOST_ROWS)
+#   summary    the README's table, one run: ours, FLA, Dao in both modes (dao, dao_det); seed mix and uniform 1-64;
+#              S = 250,340, C = 128, 512, 2048 (SUMMARY_ROWS); GPU time of fwd and fwd+bwd; eager loop at the seed
+#              mix, C = 128 and 512; host cost; SUMMARY_REPS (15) timed calls       -> summary.tgz: <gpu>_summary.*
+#   mixes      GPU time of fwd and fwd+bwd (MIX_PASSES), ours, FLA and Dao in both modes (MIX_PROVIDERS), document
+#              mixes seed, uniform 1-8 / 1-64 / 1-1024, all of length 1 (MIXES) x S = 250,340, C = 128, 256, 512,
+#              2048 (MIX_ROWS)                                                        -> mixes.tgz: <gpu>_mixes.*
+#   hostcost   host cost per call at S = 4096, C = 256 (ours, FLA, Dao in both modes, the trivial Function, silu) and
+#              the GPU time and eager loop of fwd+bwd at the seed mix, S = 250,340, C = 128 and 512 (HOST_ROWS)
 #                                                                                     -> hostcost.tgz: <gpu>_hostcost.*
+#   widths     GPU time of fwd and fwd+bwd at W = 2, 3, 4, 5, 7, 8 (WIDTHS) x SiLU and none (WIDTH_ACTS), ours, FLA,
+#              Dao in both modes (W = 2..4 only), seed mix and uniform 1-64 (WIDTH_MIXES), S = 250,340, C = 512 and
+#              2048 (WIDTH_ROWS), no bias, WIDTH_REPS (15) timed calls; ours' and FLA's kernels of every (W,
+#              activation) compiled first in parallel processes (beside Dao's build) -> widths.tgz: <gpu>_widths.*
 #   grid       the seed grid: the benchmark with its defaults (every C of the grid, with and without bias, ours, FLA,
 #              Dao; GRID_ARGS adds options, e.g. "--providers ours"), ours' kernels compiled first in parallel
 #              processes                                                              -> grid.tgz: <gpu>_grid_seed.*
@@ -58,6 +62,7 @@
 #
 # One H200, the README's table:  bash benchmarks/device_run.sh daobuild summary                  (carry .fla)
 #   with more:                   bash benchmarks/device_run.sh daobuild warmbg summary hostcost mixes
+#   every width:                 bash benchmarks/device_run.sh daobuild widths                   (carry .fla)
 # Two H200s:                     NGPU=2 bash benchmarks/device_run.sh kcpbench
 # Variables: BENCH_ARGS is appended to the single-GPU benchmark's command lines (BENCH_ARGS=--dry-run tries the
 # benchmark steps on a CPU, with S = 1531 in the rows); KCP_ARGS to the KCP benchmark's; BENCH_COMMIT is the commit
@@ -79,6 +84,11 @@ MIXES=${MIXES:-seed,uniform:1-8,uniform:1-64,uniform:1-1024,ones}
 MIX_ROWS=${MIX_ROWS:-${S0}x128,${S0}x256,${S0}x512,${S0}x2048}
 MIX_PASSES=${MIX_PASSES:-fwd,fwdbwd}
 MIX_REPS=${MIX_REPS:-15}
+WIDTHS=${WIDTHS:-2,3,4,5,7,8}
+WIDTH_ACTS=${WIDTH_ACTS:-silu,none}
+WIDTH_MIXES=${WIDTH_MIXES:-seed,uniform:1-64}
+WIDTH_ROWS=${WIDTH_ROWS:-${S0}x512,${S0}x2048}
+WIDTH_REPS=${WIDTH_REPS:-15}
 NGPU=${NGPU:-2}
 DAO_DIR=${DAO_DIR:-/tmp/dao}
 DAO_SRC=$DAO_DIR/causal_conv1d-1.7.0
@@ -130,11 +140,11 @@ bench_step() {  # bench_step STEP NAME OPTIONS...: the single-GPU benchmark into
   tar -xzOf "$OUT/$step.tgz" "$step/${name}_table.txt" 2>/dev/null | grep -v "^# wrote\|^$" | cut -c1-300
 }
 warm_ours() {  # warm_ours FOLDER ROWS...: ours' kernels of each SxC (or C) row compiled in a background process each
-  local d=$1; shift; mkdir -p "$d"
+  local d=$1; shift; mkdir -p "$d"  # (WARM_ARGS: more options, e.g. a width and an activation)
   for r in "$@"; do
     python3 $BENCH --providers ${WARM_PROVIDERS:-ours} --rows "$r" --doc-mix "$MIXES" --bias ${WARM_BIAS:-no} \
       --passes fwd,bwd,fwdbwd --reps 1 --warmup 1 --no-check --no-plot --max-sets 2 --copy-bytes 67108864 \
-      $BENCH_ARGS --out "$d/$r" > "$d/$r.log" 2>&1 &
+      ${WARM_ARGS:-} $BENCH_ARGS --out "$d/$r" > "$d/$r.log" 2>&1 &
   done
 }
 KT_PACK=${GPU_TAG}_ncu_kernel_times
@@ -166,13 +176,33 @@ for step in "$@"; do
            echo "warm-up done: $(ls /tmp/warm/*/*_table.txt 2>/dev/null | wc -l) runs"
          ) &
          echo "warm-up started in the background" ;;
-    summary) bench_step summary "${GPU_TAG}_summary" --providers ours,fla,dao --doc-mix seed,uniform:1-64 \
+    summary) bench_step summary "${GPU_TAG}_summary" --providers ours,fla,dao,dao_det --doc-mix seed,uniform:1-64 \
            --rows "$SUMMARY_ROWS" --bias no --passes fwd,fwdbwd --eager --eager-c 128,512 --eager-mix seed --host-cost \
            --reps "$SUMMARY_REPS" ;;
-    mixes) bench_step mixes "${GPU_TAG}_mixes" --providers ${MIX_PROVIDERS:-ours,fla,dao} --doc-mix "$MIXES" \
+    mixes) bench_step mixes "${GPU_TAG}_mixes" --providers ${MIX_PROVIDERS:-ours,fla,dao,dao_det} --doc-mix "$MIXES" \
            --rows "$MIX_ROWS" --bias no --passes "$MIX_PASSES" --reps "$MIX_REPS" ;;
-    hostcost) bench_step hostcost "${GPU_TAG}_hostcost" --providers ours,fla,dao --doc-mix seed --rows "$HOST_ROWS" \
+    hostcost) bench_step hostcost "${GPU_TAG}_hostcost" --providers ours,fla,dao,dao_det --doc-mix seed \
+           --rows "$HOST_ROWS" \
            --bias no --passes fwdbwd --eager --host-cost ;;
+    widths) # first, in parallel processes, one per (W, activation), while Dao's build (if any) goes on: ours' kernels at
+         # the step's rows and mixes, and FLA's at S / 10 (its kernels take S, C and the strides as integers: S / 10
+         # has the same specializations, not divisible by 16, and a tenth of the memory), FLA_CACHE_RESULTS=0 so that
+         # its autotuning choices, timed under that load, stay out of its disk cache: the timed run autotunes alone
+         wait; rm -rf /tmp/widthwarm
+         fla_rows=$(echo "$WIDTH_ROWS" | tr ',' '\n' | sed "s/^[0-9]*x/$((S0 / 10))x/" | paste -sd, -)
+         for w in ${WIDTHS//,/ }; do
+           for a in ${WIDTH_ACTS//,/ }; do
+             WARM_ARGS="--width $w --activation $a" MIXES=$WIDTH_MIXES \
+               warm_ours "/tmp/widthwarm/ours_${w}_$a" "$WIDTH_ROWS"
+             FLA_CACHE_RESULTS=0 python3 $BENCH --providers fla --rows "$fla_rows" --doc-mix seed --width "$w" \
+               --activation "$a" --bias no --passes fwd,fwdbwd --reps 1 --warmup 1 --no-check --no-plot --max-sets 2 \
+               --copy-bytes 67108864 $BENCH_ARGS --out "/tmp/widthwarm/fla_${w}_$a" > "/tmp/widthwarm/fla_${w}_$a.log" 2>&1 &
+           done
+         done
+         wait; echo "widths: kernels compiled ($(find /tmp/widthwarm -name '*_table.txt' | wc -l) processes finished)"
+         bench_step widths "${GPU_TAG}_widths" --providers ${WIDTH_PROVIDERS:-ours,fla,dao,dao_det} \
+           --doc-mix "$WIDTH_MIXES" --rows "$WIDTH_ROWS" --width "$WIDTHS" --activation "$WIDTH_ACTS" --bias no \
+           --passes fwd,fwdbwd --reps "$WIDTH_REPS" ;;
     grid) # ours' kernels of every (C, bias) of the grid compiled first, 8 processes at once (Triton's disk cache is
          # shared), so that the timed run does not spend ~20 s compiling per new shape
          quiet

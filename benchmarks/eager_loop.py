@@ -17,7 +17,8 @@ from timing import eager_forms, wall_samples
 
 def provider_eager_forms(torch, p, sh: ShapeData, use_bias: bool, chain: int, modes, calls: int) -> dict:
     """{form: (fn, calls)} of provider p at shape sh (timing.eager_forms): x and the ``chain`` distinct taps
-    (and biases) are leaves of their own, in p's layout; the taps are the same for every provider."""
+    [C, W] (and biases) are leaves of their own, in p's layout; the taps are the same for every provider. Each
+    sample runs inside p.around (dao_det: its environment variable)."""
     x0, dy0 = sh.sets[0]
     x_leaf = p.to_layout(x0, sh).detach().requires_grad_()
     dy = p.to_layout(dy0, sh)
@@ -25,7 +26,8 @@ def provider_eager_forms(torch, p, sh: ShapeData, use_bias: bool, chain: int, mo
     ws = [w.detach().clone().requires_grad_() for w in ws]
     bs = [b.detach().clone().requires_grad_() if b is not None else None for b in bs]
     params = [x_leaf] + ws + [b for b in bs if b is not None]
-    return eager_forms(torch, lambda y, i: p.op(y, ws[i], bs[i], sh), x_leaf, dy, params, chain, calls, modes)
+    forms = eager_forms(torch, lambda y, i: p.op(y, ws[i], bs[i], sh), x_leaf, dy, params, chain, calls, modes)
+    return {form: (p.around(fn), n) for form, (fn, n) in forms.items()}
 
 
 def eager_fits(torch, sh: ShapeData, chain: int) -> tuple[bool, str]:
@@ -44,7 +46,7 @@ def eager_at_shape(torch, sh: ShapeData, active: list, use_bias: bool, settings,
 
     settings: chain, eager_modes, n_calls, eager_steps, eager_warmup (the run's settings).
     """
-    where = f"{sh.mix} S={sh.S} C={sh.C}"
+    where = f"{sh.mix} S={sh.S} C={sh.C} W={sh.width} activation={sh.activation}"
     fits, why = eager_fits(torch, sh, settings.chain)
     if not fits:
         note(notes, f"eager loop skipped at {where}: {why}")

@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measures import PASSES  # noqa: E402
-from report_plots import plot, plot_host_cost  # noqa: E402
+from report_plots import plot, plot_host_cost, plot_widths  # noqa: E402
 from report_rows import add_speedups, method_of, timing_row, write_outputs  # noqa: E402
 from report_table import format_table  # noqa: E402
 from shapes import SWEEP_S  # noqa: E402
@@ -88,7 +88,8 @@ def main(argv=None):
         notes.append(f"run cut short: {len(rows)} rows of the partial file, rated against the copy bandwidth "
                      f"measured at the start ({env['copy_gbs']:.0f} GB/s; no end reading)")
         write_outputs(rows, checks, env, notes, out, env.get("elapsed_s", float("nan")), stem)
-    pngs = [plot(rows, sweep_s, env, out, notes, stem), plot_host_cost(rows, env, out, notes, stem)]
+    pngs = [plot(rows, sweep_s, env, out, notes, stem), plot_host_cost(rows, env, out, notes, stem),
+            plot_widths(rows, sweep_s, env, out, notes, stem)]
     passes = [p_ for p_ in PASSES if any(r["pass"] == p_ and method_of(r) == "gpu" for r in rows)]
     biases = [b for b in (False, True) if any(r["bias"] == b for r in rows)]
     print(format_table(rows, checks, env, notes, passes, biases, sweep_s, [p for p in pngs if p],

@@ -1,10 +1,13 @@
-"""The plots of a run: fraction of copy bandwidth against C per mix and pass, and the host cost per call.
+"""The plots of a run: fraction of copy bandwidth against C per mix and pass, against the width W, and the host cost.
 
-``<stem>.png``: at S = sweep_s, one row of panels per document mix, one panel per GPU-time pass and per
-eager form (where the provider's GPU time of fwd+bwd is drawn dotted beside it), one line per provider
-(solid: no bias, dashed: bias), SPEC 7's targets dotted grey. ``<stem>_host_cost.png`` (with host-cost
-rows): host time per call, one group of bars per item. matplotlib is imported lazily; without it the
-plots are skipped with a note.
+``<stem>.png``: at S = sweep_s and one (W, activation), W = 4 + SiLU when the run has it (else its first),
+one row of panels per document mix, one panel per GPU-time pass and per eager form (where the provider's GPU
+time of fwd+bwd is drawn dotted beside it), one line per provider (solid: no bias, dashed: bias), SPEC 7's
+targets dotted grey. ``<stem>_widths.png`` (runs of two or more (W, activation)): GPU time at S = sweep_s
+against W, one row of panels per (mix, C), one panel per pass, one line per provider and activation (solid:
+SiLU, dashed: none), the rows without bias (with bias when the run has only those).
+``<stem>_host_cost.png`` (with host-cost rows): host time per call, one group of bars per item. matplotlib
+is imported lazily; without it the plots are skipped with a note.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from __future__ import annotations
 import os
 
 from measures import ALL_PROVIDERS, HOST_ITEMS, HOST_METHOD, METHOD_LABEL, PASS_LABEL, PASSES, PROVIDER_ORDER
-from measures import SMALL_C_BELOW, target_steps
-from report_rows import FILE_STEM, method_of, mix_of
+from measures import DEFAULT_ACTIVATION, DEFAULT_WIDTH, SMALL_C_BELOW, target_steps
+from report_rows import FILE_STEM, act_of, method_of, mix_of, width_of
 
 COLORS = {"ours": "tab:blue", "ours_search": "tab:purple", "ours_ag": "tab:cyan", "fla": "tab:orange",
-          "dao": "tab:green", "trivial": "tab:gray", "silu": "tab:olive"}
+          "dao": "tab:green", "dao_det": "tab:red", "trivial": "tab:gray", "silu": "tab:olive"}
 
 
 def _pyplot(notes):
@@ -26,7 +29,9 @@ def _pyplot(notes):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as exc:  # noqa: BLE001
-        notes.append(f"plot skipped: matplotlib did not import ({exc})")
+        msg = f"plot skipped: matplotlib did not import ({exc})"
+        if msg not in notes:
+            notes.append(msg)
         return None
     return plt
 
@@ -87,6 +92,9 @@ def plot(rows, sweep_s, env, out_dir, notes, stem=FILE_STEM):
     if not sel:
         notes.append(f"plot skipped: no GPU-time or eager rows at S={sweep_s}")
         return None
+    was = list(dict.fromkeys((width_of(r), act_of(r)) for r in sel))
+    wa = (DEFAULT_WIDTH, DEFAULT_ACTIVATION) if (DEFAULT_WIDTH, DEFAULT_ACTIVATION) in was else was[0]
+    sel = [r for r in sel if (width_of(r), act_of(r)) == wa]
     plt = _pyplot(notes)
     if plt is None:
         return None
@@ -99,9 +107,56 @@ def plot(rows, sweep_s, env, out_dir, notes, stem=FILE_STEM):
         n_docs = sorted(v for v in docs.values() if v)
         for j, (method, p_) in enumerate(cols):
             _panel(axes[i][j], sel, mix, method, p_, n_docs, sweep_s)
-    fig.suptitle(f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}", fontsize=9)
+    fig.suptitle(f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}"
+                 + (f"; W = {wa[0]}, {'SiLU' if wa[1] == 'silu' else 'no activation'}" if len(was) > 1 else ""),
+                 fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.9 * len(mixes))))
     path = os.path.join(out_dir, stem + ".png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _width_panel(ax, cur, mix, C, p_, sweep_s):
+    """One (mix, C, pass) panel of the widths plot: fraction against W, a line per provider and activation."""
+    for prov in ALL_PROVIDERS:
+        for act in ("silu", "none"):
+            pts = sorted((width_of(r), r["fraction"]) for r in cur if r["provider"] == prov and act_of(r) == act)
+            if pts:
+                ax.plot([w for w, _ in pts], [f for _, f in pts], marker="o" if act == "silu" else "s", ms=3,
+                        color=COLORS.get(prov), linestyle="-" if act == "silu" else "--",
+                        label=f"{prov} {'SiLU' if act == 'silu' else 'none'}")
+    ax.set_xticks(sorted({width_of(r) for r in cur}))
+    ax.set_xlabel("W (taps per channel)")
+    ax.set_ylabel("fraction of copy bandwidth")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"{PASS_LABEL[p_]}, {mix}, S={sweep_s} C={C}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+
+
+def plot_widths(rows, sweep_s, env, out_dir, notes, stem=FILE_STEM):
+    """``<stem>_widths.png``: GPU time against W (see the module docstring); its path, or None when the run has
+    fewer than two (W, activation) at S = sweep_s or no matplotlib."""
+    sel = [r for r in rows if r["S"] == sweep_s and method_of(r) == "gpu"]
+    if len({(width_of(r), act_of(r)) for r in sel}) < 2:
+        return None
+    bias = False if any(not r["bias"] for r in sel) else True
+    sel = [r for r in sel if r["bias"] == bias]
+    plt = _pyplot(notes)
+    if plt is None:
+        return None
+    panels = list(dict.fromkeys((mix_of(r), r["C"]) for r in sel))
+    passes = [p for p in PASSES if any(r["pass"] == p for r in sel)]
+    fig, axes = plt.subplots(len(panels), len(passes), figsize=(5.0 * len(passes), 3.6 * len(panels)), squeeze=False)
+    for i, (mix, C) in enumerate(panels):
+        for j, p_ in enumerate(passes):
+            cur = [r for r in sel if mix_of(r) == mix and r["C"] == C and r["pass"] == p_]
+            _width_panel(axes[i][j], cur, mix, C, p_, sweep_s)
+    fig.suptitle(f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}; GPU time, "
+                 f"{'bias' if bias else 'no bias'}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.6 * len(panels))))
+    path = os.path.join(out_dir, stem + "_widths.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -4,7 +4,9 @@ Files under ``--out``, named ``<stem>.*`` (``--name``; default ``bench_cake_caus
 ``<stem>.jsonl`` (an ``env`` line, the timing rows, the check rows), ``<stem>.csv`` (the timing rows) and,
 written as the run goes, ``<stem>.partial.jsonl`` (an ``env`` line with the start copy reading, then one
 ``partial`` line per measurement: a run cut short by a time limit keeps its rows there). Every row
-carries the run's date, commit, GPU and the versions of torch, triton, cakeconv and the peers.
+carries its width W and activation ("silu" or "none"; rows of files written before these were recorded
+read as 4 and "silu"), and the run's date, commit, GPU and the versions of torch, triton, cakeconv and the
+peers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import statistics
 
 from doc_mixes import DEFAULT_MIX
-from measures import BASELINES, FLOOR_FACTOR, PEERS
+from measures import BASELINES, DEFAULT_ACTIVATION, DEFAULT_WIDTH, FLOOR_FACTOR, PEERS
 from timing import percentile
 
 FILE_STEM = "bench_cake_causal_conv1d_det"
@@ -30,8 +32,17 @@ def method_of(r) -> str:
     return r.get("method") or "gpu"
 
 
+def width_of(r) -> int:
+    return r.get("width") or DEFAULT_WIDTH
+
+
+def act_of(r) -> str:
+    return r.get("activation") or DEFAULT_ACTIVATION
+
+
 def timing_row(env, copy_gbs, r, ms, ts=None, warmup=None, l2_flush=None, host_ahead_us=None):
-    """One timing row: a measurement r (mix, method, S, C, pass, provider, bias, host_ms, n_docs, n_sets) with
+    """One timing row: a measurement r (mix, method, S, C, width, activation, pass, provider, bias, host_ms, n_docs,
+    n_sets) with
     median ms (per call); ts (all samples) gives the percentiles and n when known (else r["n"])."""
     method = method_of(r)
     floor = FLOOR_FACTOR[r["pass"]] * r["S"] * r["C"] * 2
@@ -43,6 +54,8 @@ def timing_row(env, copy_gbs, r, ms, ts=None, warmup=None, l2_flush=None, host_a
         "mix": mix_of(r),
         "S": r["S"],
         "C": r["C"],
+        "width": width_of(r),
+        "activation": act_of(r),
         "pass": r["pass"],
         "provider": r["provider"],
         "bias": r["bias"],
@@ -67,12 +80,14 @@ def timing_row(env, copy_gbs, r, ms, ts=None, warmup=None, l2_flush=None, host_a
     }
 
 
-def row_key(r, provider=None, method=None, pass_=None):
-    return (mix_of(r), method or method_of(r), r["S"], r["C"], pass_ or r["pass"], r["bias"], provider or r["provider"])
+def row_key(r, provider=None, method=None, pass_=None, width=None, act=None):
+    """(mix, method, S, C, width, activation, pass, bias, provider) of row r, any of them replaced."""
+    return (mix_of(r), method or method_of(r), r["S"], r["C"], width or width_of(r), act or act_of(r),
+            pass_ or r["pass"], r["bias"], provider or r["provider"])
 
 
 def add_speedups(rows):
-    """On our rows: speedup_vs_<peer> = the peer's time over ours (same mix, method, S, C, pass, bias).
+    """On our rows: speedup_vs_<peer> = the peer's time over ours (same mix, method, S, C, W, activation, pass, bias).
     On eager rows: eager_vs_gpu = eager time per call / the same provider's GPU time of fwd+bwd.
     On host-cost rows: ratio_to_trivial = time per call / the trivial Function's for the same item."""
     by_key = {row_key(r): r["ms"] for r in rows}
@@ -103,8 +118,9 @@ def build_rows(results, env, copy_gbs, warmup, l2_flush: bool):
 
 
 CSV_FIELDS = list(ENV_FIELDS) + [
-    "method", "mix", "S", "C", "pass", "provider", "bias", "ms", "us", "ms_p10", "ms_p90", "n", "floor_bytes", "gbs",
-    "fraction", "copy_gbs", "speedup_vs_fla", "speedup_vs_dao", "eager_vs_gpu", "ratio_to_trivial", "host_ms",
+    "method", "mix", "S", "C", "width", "activation", "pass", "provider", "bias", "ms", "us", "ms_p10", "ms_p90", "n",
+    "floor_bytes", "gbs", "fraction", "copy_gbs", "speedup_vs_fla", "speedup_vs_dao", "speedup_vs_dao_det",
+    "eager_vs_gpu", "ratio_to_trivial", "host_ms",
     "n_docs", "doc_min", "doc_max", "n_sets", "chain", "host_ahead_us"]
 
 

@@ -1,7 +1,8 @@
 """The command line of the single-GPU benchmark and the settings of a run it resolves to.
 
 ``--dry-run`` runs on the CPU with the reference backend and small defaults (a chain of 4, 2 calls per
-sample, 5 reps, the tiny grid): it exercises the pipeline; its times mean nothing.
+sample, 5 reps, the tiny grid): it exercises the pipeline; its times mean nothing. ``--width`` and
+``--activation`` multiply the grid: every (W, activation) runs at every mix, shape and bias variant.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import os
 from dataclasses import dataclass
 
 from doc_mixes import parse_mixes
-from measures import ALL_PROVIDERS, CALLS_PER_SAMPLE, DEFAULT_PROVIDERS, EAGER_MODES, HOST_AHEAD_MAX_US, PASSES
+from measures import (ALL_PROVIDERS, CALLS_PER_SAMPLE, DEFAULT_ACTIVATION, DEFAULT_PROVIDERS, DEFAULT_WIDTH,
+                      EAGER_MODES, HOST_AHEAD_MAX_US, PASSES, parse_activations, parse_widths)
 from report_rows import FILE_STEM
 from shapes import QUICK_C, SWEEP_S, parse_shape, select_shapes
 from timing import HOST_AHEAD_MIN_US
@@ -36,6 +38,10 @@ def parse_args(argv=None):
                    help="document mix(es), comma list, the option may repeat: seed, uniform:A-B (e.g. uniform:1-64), "
                    "ones, fixed:N, one (default: seed)")
     p.add_argument("--bias", choices=("both", "no", "yes"), default="both", help="bias variants to run")
+    p.add_argument("--width", default=str(DEFAULT_WIDTH),
+                   help="taps per channel W, comma list of 2..8 (e.g. 2,3,4,8); every W runs at every row and mix")
+    p.add_argument("--activation", default=DEFAULT_ACTIVATION,
+                   help="comma list of silu, none (none: no activation); every one runs at every W, row and mix")
     p.add_argument("--passes", default=",".join(PASSES),
                    help="GPU-time passes, comma list of fwd,bwd,fwdbwd ('none': no GPU-time rows)")
     p.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS),
@@ -90,6 +96,8 @@ class RunSettings:
     sweep_s: int
     mixes: list
     bias_variants: list
+    widths: list  # W, taps per channel
+    activations: list  # "silu", "none"
     passes: list
     names: list
     reps: int
@@ -118,6 +126,11 @@ class RunSettings:
     stem: str
     plot: bool
     l2_bytes: int = 0  # the device's L2 (set once the environment is known)
+
+    @property
+    def width_acts(self) -> list:
+        """Every (W, activation label) of the run, W outermost."""
+        return [(w, a) for w in self.widths for a in self.activations]
 
     def eager_at(self, mix: str, C: int) -> bool:
         """Whether the eager loop runs at this mix and C."""
@@ -169,10 +182,15 @@ def resolve_settings(args, torch) -> RunSettings:
     if not args.name or os.sep in args.name:
         raise SystemExit(f"--name must be a file stem (no folder), got {args.name!r}")
     shapes, sweep_s = select_shapes(args.rows, dry, args.quick)
+    try:
+        widths, activations = parse_widths(args.width), parse_activations(args.activation)
+    except ValueError as exc:
+        raise SystemExit(f"--width/--activation: {exc}")
     ahead_auto, base_ahead_us = _host_ahead(args.host_ahead_us)
     return RunSettings(
         device=device, backend=args.backend or ("reference" if dry else "auto"), shapes=shapes, sweep_s=sweep_s,
         mixes=mixes, bias_variants={"both": [False, True], "no": [False], "yes": [True]}[args.bias],
+        widths=widths, activations=activations,
         passes=passes, names=_choices(args.providers, ALL_PROVIDERS, "provider"),
         reps=args.reps if args.reps is not None else (5 if dry else (10 if args.quick else 25)),
         warmup=1 if dry and args.warmup == 3 else args.warmup, ahead_auto=ahead_auto, base_ahead_us=base_ahead_us,

@@ -1,9 +1,11 @@
 """The shapes of a run: the seed's single-rank grid, the shapes --rows selects, and one shape's inputs.
 
 Inputs are seeded (``--seed``) and the same for every provider: x and dy bf16 [S, C] standard normal, taps
-fp32 [C, 4] N(0, 0.25), bias fp32 [C] N(0, 0.04), cu_seqlens int32 on the device. A shape has several
+fp32 [C, W] N(0, 0.25), bias fp32 [C] N(0, 0.04), cu_seqlens int32 on the device. A shape has several
 input sets (x, dy): at least 2, enough that they total 8x the L2, at most ``max_sets``; the timed calls
-take them in turn, so two calls in a row never read the same data.
+take them in turn, so two calls in a row never read the same data. The input sets do not depend on the
+width W: the taps and bias of every W are drawn from the generator state right after the sets, so the
+W = 4 taps are those drawn before the width was a parameter (ShapeData.use_taps).
 """
 
 from __future__ import annotations
@@ -104,10 +106,26 @@ class ShapeData:
     cu: object  # int32 [N+1] on the device
     pos: object  # int64 [S] position of each token in its document (reference only)
     sets: list  # [(x, dy)] bf16 [S, C]
-    w: object  # fp32 [C, 4]
+    w: object  # fp32 [C, W]
     b: object  # fp32 [C]
     mix: str = DEFAULT_MIX
+    activation: str | None = "silu"  # "silu" or None (no activation)
+    taps_state: object = None  # the generator state the taps and bias of every width are drawn from
     extra: dict = field(default_factory=dict)
+
+    @property
+    def width(self) -> int:
+        return self.w.shape[1]
+
+    def use_taps(self, torch, width: int, activation) -> None:
+        """Taps [C, width] and bias drawn from the generator state right after the input sets (W = 4: the taps
+        and bias make_shape drew), and the activation ("silu" or None) the providers apply."""
+        if width != self.width:
+            gen = torch.Generator(device=self.device)
+            gen.set_state(self.taps_state)
+            self.w = taps(torch, gen, self.C, self.device, width)
+            self.b = bias(torch, gen, self.C, self.device)
+        self.activation = activation
 
     @property
     def n_docs(self):
@@ -123,10 +141,10 @@ class ShapeData:
 
     def chain_params(self, torch, chain: int, use_bias: bool):
         """``chain`` distinct taps (and biases) for the eager loop: fp32 leaves, the same for every provider."""
-        key = ("chain", chain, use_bias)
+        key = ("chain", chain, use_bias, self.width)
         if key not in self.extra:
             gen = generator(torch, self.device, shape_seed(0, self.S, self.C) + 17)
-            ws = [taps(torch, gen, self.C, self.device) for _ in range(chain)]
+            ws = [taps(torch, gen, self.C, self.device, self.width) for _ in range(chain)]
             bs = [bias(torch, gen, self.C, self.device) if use_bias else None for _ in range(chain)]
             self.extra[key] = (ws, bs)
         return self.extra[key]
@@ -155,7 +173,9 @@ def make_shape(torch, S, C, device, seed, mean_doc_len, l2_bytes, max_sets, mix=
     for _ in range(n_sets):
         x = activations(torch, gen, S, C, device)
         sets.append((x, activations(torch, gen, S, C, device)))
+    state = gen.get_state()
     w = taps(torch, gen, C, device)
     b = bias(torch, gen, C, device)
-    return ShapeData(S=S, C=C, device=device, lengths=lens, cu=cu, pos=pos, sets=sets, w=w, b=b, mix=mix)
+    return ShapeData(S=S, C=C, device=device, lengths=lens, cu=cu, pos=pos, sets=sets, w=w, b=b, mix=mix,
+                     taps_state=state)
 

@@ -7,7 +7,9 @@ bytes) as the finished run, rated against the start copy reading. The run covers
 method (GPU time, the eager loop and the host cost beside the trivial Function and silu) and two
 document mixes, on small shapes so that it stays fast. A second run, named (``--name``), writes its
 files under that stem, with the eager loop only where ``--eager-c`` and ``--eager-mix`` put it, and
-every row carries the run's date, commit, GPU and versions.
+every row carries the run's date, commit, GPU and versions. A third run takes several widths and both
+activations: every (W, activation) is checked against the reference at that W and activation and timed,
+and every row and check row records its width and activation.
 """
 
 from __future__ import annotations
@@ -100,3 +102,23 @@ def test_named_run_writes_its_stem_and_records_the_run(tmp_path):
     assert eager == {("eager", "seed", 16), ("eager_step", "seed", 16)}, eager
     with open(out / "cpu_summary.csv") as f:
         assert all(row["commit"] == env["commit"] for row in csv.DictReader(f))
+
+
+def test_widths_and_activations_each_get_rows(tmp_path):
+    out = tmp_path / "widths"
+    table = _run([BENCH, "--dry-run", "--no-plot", "--rows", "1531x16", "--bias", "no", "--passes", "fwdbwd",
+                  "--width", "3,8", "--activation", "none,silu", "--reps", "1", "--name", "cpu_widths",
+                  "--out", str(out)], tmp_path)
+    for heading in ("W = 3, no activation", "W = 3, SiLU", "W = 8, no activation", "W = 8, SiLU"):
+        assert f"== GPU time, seed (9 documents), {heading}, no bias ==" in table, heading
+    assert "== widths and activations" in table and "all ok" in table
+    with open(out / "cpu_widths.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    pairs = {(w, a) for w in (3, 8) for a in ("none", "silu")}
+    assert lines[0]["widths"] == [3, 8] and lines[0]["activations"] == ["none", "silu"]
+    timing = [r for r in lines if r["kind"] == "timing"]
+    assert {(r["width"], r["activation"]) for r in timing} == pairs
+    checks = [r for r in lines if r["kind"] == "check"]
+    assert {(r["width"], r["activation"]) for r in checks} == pairs and all(r["ok"] for r in checks)
+    with open(out / "cpu_widths.csv") as f:
+        assert {(int(r["width"]), r["activation"]) for r in csv.DictReader(f)} == pairs

@@ -23,7 +23,7 @@ BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 TOOLS = BENCH / "tools"
 MAX_FUNCTION_LINES = 80
-MAX_RESULT_FILES = 25
+MAX_RESULT_FILES = 30
 
 
 def _cited_text() -> str:
