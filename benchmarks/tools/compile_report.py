@@ -29,13 +29,15 @@ FWD_SIG = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32
            "hist_ptr": "*bf16", "S": "i32", "C8": "i32", "n_seg": "i32",
            "seq_len": "i32", "SX8": "constexpr", "SY8": "constexpr", "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr",
            "R": "constexpr", "SUB": "constexpr", "BC": "constexpr",
-           "STAGES": "constexpr"}
+           "STAGES": "constexpr", "W": "constexpr", "ACT": "constexpr"}
 BWD_SIG = {"x_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", "w_ptr": "*fp32", "b_ptr": "*fp32",
            "cu_ptr": "*i32", "hist_ptr": "*bf16", "fut_ptr": "*fp32", "ws_ptr": "*fp32", "S": "i32",
            "C8": "i32", "n_seg": "i32", "seq_len": "i32", "SX8": "constexpr", "SDY8": "constexpr", "SDX8": "constexpr",
            "HAS_BIAS": "constexpr", "HAS_CU": "constexpr", "HAS_HIST": "constexpr", "HAS_FUT": "constexpr", "R": "constexpr",
            "LOGR": "constexpr", "SUB": "constexpr", "BC": "constexpr", "STAGES": "constexpr",
-           "STEP_BRANCH": "constexpr"}
+           "STEP_BRANCH": "constexpr", "W": "constexpr", "ACT": "constexpr"}
+# The taps' width and the activation (W, ACT = 1: SiLU) of the kernels these tools compile: the seed's.
+SEED_WIDTH = {"W": 4, "ACT": 1}
 
 
 def compile_one(fn, sig, consts, cfg, n_ptrs):
@@ -57,12 +59,12 @@ def main():
     rows = []
     for cfg in tuning.FWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB, "BC": cfg.BC,
-                  "STAGES": cfg.stages, **FWD_STRIDES}
+                  "STAGES": cfg.stages, **FWD_STRIDES, **SEED_WIDTH}
         rows.append(("fwd", cfg) + compile_one(triton_forward.cake_conv_fwd_kernel, FWD_SIG, consts, cfg, 6))
     for cfg in tuning.BWD_CONFIGS:
         consts = {"HAS_BIAS": True, "HAS_CU": True, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R, "LOGR": cfg.R.bit_length() - 1,
                   "SUB": triton_backward.BWD_SUB, "BC": cfg.BC, "STAGES": cfg.stages,
-                  "STEP_BRANCH": cfg.step_branch, **BWD_STRIDES}
+                  "STEP_BRANCH": cfg.step_branch, **BWD_STRIDES, **SEED_WIDTH}
         rows.append(("bwd", cfg) + compile_one(triton_backward.cake_conv_bwd_kernel, BWD_SIG, consts, cfg, 9))
     for kind, cfg, regs, stack, acc in rows:
         print(f"{kind} {cfg}: regs {regs} stack {stack} accesses {acc}")

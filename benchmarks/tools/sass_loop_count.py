@@ -12,6 +12,7 @@ unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md.
                                                           # C = 512 without bias: many-segment middle loop
                                                           # against the unmasked loop
     python benchmarks/tools/sass_loop_count.py --all      # the three in turn (benchmarks/results/cpu_sass_loops.txt)
+    python benchmarks/tools/sass_loop_count.py --width=8 --spills   # the same for the picks of another width (SiLU)
 """
 
 import collections
@@ -23,8 +24,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton  # noqa: E402
-from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, FWD_STRIDES, TARGET  # noqa: E402
+from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, FWD_STRIDES, SEED_WIDTH, TARGET  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+# the taps' width and activation of the compiled kernels (--width=N changes W)
+WIDTH = dict(SEED_WIDTH)
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, forward as triton_forward, tuning  # noqa: E402
 
@@ -95,7 +99,8 @@ def bwd_consts(cfg, C, bias, has_cu=True):
     """The backward kernel's compile-time arguments for the tuner's pick at C (contiguous rows)."""
     return {"HAS_BIAS": bias, "HAS_CU": has_cu, "HAS_HIST": False, "HAS_FUT": False, "R": cfg.R,
             "LOGR": cfg.R.bit_length() - 1, "SUB": triton_backward.BWD_SUB, "BC": cfg.BC,
-            "STAGES": cfg.stages, "STEP_BRANCH": cfg.step_branch, "SX8": C // 8, "SDY8": C // 8, "SDX8": C // 8}
+            "STAGES": cfg.stages, "STEP_BRANCH": cfg.step_branch, "SX8": C // 8, "SDY8": C // 8, "SDX8": C // 8,
+            **WIDTH}
 
 
 def spill_report(channels=(128, 512, 1024, 2048, 8192)):
@@ -103,7 +108,7 @@ def spill_report(channels=(128, 512, 1024, 2048, 8192)):
     with and without bias, per C (the row stride is a compile-time constant, so each C compiles
     anew)."""
     for C in channels:
-        cfg = tuning.pick_bwd_config(C, 2, False)
+        cfg = tuning.pick_bwd_config(C, 2, False, width=WIDTH["W"])
         cells = []
         for bias in (False, True):
             sass, _ = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, C, bias), cfg, 9)
@@ -115,7 +120,7 @@ def spill_report(channels=(128, 512, 1024, 2048, 8192)):
 def mix_diff(C=512):
     """Opcodes per element in which the backward's many-segment middle loop (segment indices, the
     pick at C without bias) differs from its unmasked loop: what the segment rule costs."""
-    cfg = tuning.pick_bwd_config(C, 2, False)
+    cfg = tuning.pick_bwd_config(C, 2, False, width=WIDTH["W"])
     sass, _ = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, C, False, 2), cfg, 9)
     loops = row_loops(sass)
     per_step = ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps)
@@ -131,6 +136,9 @@ def mix_diff(C=512):
 
 def main():
     args = sys.argv[1:]
+    for a in args:
+        if a.startswith("--width="):
+            WIDTH["W"] = int(a.split("=", 1)[1])
     if "--all" in args:  # what benchmarks/results/cpu_sass_loops.txt holds: the three reports in turn
         loop_report(args)
         spill_report()
@@ -153,12 +161,12 @@ def loop_report(args):
     variants = (2,) if "--segment-ids" in args else (True, 2)
     for has_cu in variants:
         lookup = "search" if has_cu is True else "segment ids"
-        cfg = tuning.pick_fwd_config(512, 2, False)
+        cfg = tuning.pick_fwd_config(512, 2, False, width=WIDTH["W"])
         sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
                                    {"HAS_BIAS": True, "HAS_CU": has_cu, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
-                                    "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES}, cfg, 6)
+                                    "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES, **WIDTH}, cfg, 6)
         report(f"forward ({lookup}) {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))
-        cfg = tuning.pick_bwd_config(512, 2, False)
+        cfg = tuning.pick_bwd_config(512, 2, False, width=WIDTH["W"])
         sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, 512, True, has_cu),
                                    cfg, 9)
         report(f"backward ({lookup}) {cfg}", sass, regs, ROWS_PER_STEP * cfg.R * cfg.BC // (32 * cfg.num_warps))

@@ -307,9 +307,9 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         for j in tl.static_range(H):
             ids = ids + (rows0 * 0,)
             segs = segs + (seg,)
-    gs = ()
-    ds = ()
-    es = ()
+    # the carried rows t .. t+H-1: one (g, segment, segment end) triple per row, in row order (the
+    # loop-carried values then come in the order of the width-4 code, which kept g0, d0, e0, g1, ...)
+    carried = ()
     for k in tl.static_range(H):
         win = ()
         for m in tl.static_range(W):
@@ -317,9 +317,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         g, dk, sk, ek, win = bwd_g_rows(win, dys[k], row_offset(rows0, k), b, ws, cu_ptr, hist_ptr,
                                         cols, cmask, C, n_seg, seq_len, segs[k], HAS_CU, HAS_HIST, MASKED, FEW, ACT)
         accs, accb = _acc_row(accs, accb, g, win, True, DB)
-        gs = gs + (g,)
-        ds = ds + (dk,)
-        es = es + (ek,)
+        carried = carried + ((g, dk, ek),)
     xs = xs[H:]
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
@@ -339,6 +337,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         ia, ib, ic, i_d = load_ids4(cu_ptr, t, n_seg, seq_len, ids[0], H, IDS, BOUNDS)
         all_ids = ids + (ia, ib, ic, i_d)
         all_x = xs + new_x
+        gs, ds, es = _split_rows(carried)
         if MASKED and FEW and STEP_BRANCH:
             # Few segments: only the steps next to a boundary (or reaching row S) take the masked
             # body; the others run the unmasked one, which computes the same bits there.
@@ -358,12 +357,34 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
                 cols, cmask, sdx, S, C, n_seg, seq_len, seg, all_ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB,
                 False, ACT, BOUNDS, DB)
         xs = all_x[4:]
-        gs = all_g[4:]
         ids = all_ids[4:]
-        if not (FEW and STEP_BRANCH) and not IDS:  # those recompute (d, end) of their rows: nothing to carry
-            ds = all_d[4:]
-            es = all_e[4:]
+        if not (FEW and STEP_BRANCH) and not IDS:
+            carried = _join_rows(all_g[4:], all_d[4:], all_e[4:])
+        else:  # those recompute (d, end) of their rows: nothing of theirs to carry
+            carried = _join_rows(all_g[4:], ds, es)
     return accs, accb
+
+
+@triton.jit
+def _split_rows(carried):
+    """(gs, ds, es): the g, segment and segment-end tuples of the carried (g, d, end) triples."""
+    gs = ()
+    ds = ()
+    es = ()
+    for k in tl.static_range(len(carried)):
+        gs = gs + (carried[k][0],)
+        ds = ds + (carried[k][1],)
+        es = es + (carried[k][2],)
+    return gs, ds, es
+
+
+@triton.jit
+def _join_rows(gs, ds, es):
+    """The (g, d, end) triples of the rows of gs, ds, es (the inverse of _split_rows)."""
+    out = ()
+    for k in tl.static_range(len(gs)):
+        out = out + ((gs[k], ds[k], es[k]),)
+    return out
 
 
 @triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len"])
@@ -410,31 +431,33 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + H, seq_len, HAS_CU) - 1
         seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
         if d_hi - d_lo < FEW_SEGMENTS:
-            accs, accb = _bwd_run(
+            acc, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES, STEP_BRANCH,
                 ACT, DB=HAS_BIAS)
         elif (p0 - H < 0) | (p_last + H >= S):  # reads rows outside [0, S): the first or last row block
             # Not software-pipelined (1 stage): a fourth pipelined loop made the kernel's shared memory
             # twice that of one loop's buffers (Triton 3.6's allocator placed two loops' apart).
-            accs, accb = _bwd_run(
+            acc, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, STEP_BRANCH,
                 ACT, True, DB=HAS_BIAS)
         else:  # many segments away from both ends (short documents): no row bounds to check
-            accs, accb = _bwd_run(
+            acc, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, STAGES, STEP_BRANCH,
                 ACT, False, DB=HAS_BIAS)
     else:
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
-        accs, accb = _bwd_run(
+        acc, accb = _bwd_run(
             x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
             n_seg, seq_len, no_seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB, R, BC, STAGES, STEP_BRANCH,
             ACT, DB=HAS_BIAS)
+    # (the taps' accumulators are named so that they sort before accb: an if's results are ordered by
+    # name, and this order is the width-4 code's, acc0..acc3 then accb)
     base = ws_ptr + pid_s.to(tl.int64) * (W + 1) * C + cols
     for k in tl.static_range(W):
-        tl.store(base + k * C, pairwise_sum_rows(accs[k], R, BC, LOGR), mask=cmask)
+        tl.store(base + k * C, pairwise_sum_rows(acc[k], R, BC, LOGR), mask=cmask)
     tl.store(base + W * C, pairwise_sum_rows(accb, R, BC, LOGR), mask=cmask)
 
 
