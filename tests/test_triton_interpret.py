@@ -102,13 +102,14 @@ def test_triton_uniform_batch_equals_packed_bitwise():
     assert torch.equal(g_u[1], g_p[1]) and torch.equal(g_u[2], g_p[2])
 
 
-@pytest.mark.parametrize("W,activation,n_cfgs", [(4, "silu", 6), (8, None, 3)])
-def test_triton_tuning_never_changes_bits(W, activation, n_cfgs):
+@pytest.mark.parametrize("W,activation,n_cfgs,C", [(4, "silu", 6, 32), (8, None, 2, 16)])
+def test_triton_tuning_never_changes_bits(W, activation, n_cfgs, C):
     """Every tile shape gives the same y, dx, dweight and dbias bits (fixed summation order), at
-    the seed's width (all tile shapes) and at W = 8 without activation (the first n_cfgs of them).
+    the seed's width (all tile shapes) and at W = 8 without activation (two of each pass, 16
+    channels: CI time, 116 s with three at 32 channels).
 
     S = 330: six 64-row leaves, two programs of the 4-leaf configurations (CI time: 520 took 133 s)."""
-    S, C = 330, 32
+    S = 330
     gen = torch.Generator().manual_seed(5)
     cu = random_cu_seqlens(S, gen, short=False)
     x, w, b, dy = make_inputs(S, C, seed=6, width=W)

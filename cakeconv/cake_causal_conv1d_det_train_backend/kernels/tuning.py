@@ -62,6 +62,7 @@ FWD_CONFIGS = (
     FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128),
     FwdConfig(R=2, SUB=64, BC=512, num_warps=4, stages=4, maxnreg=128),
     FwdConfig(R=1, SUB=128, BC=1024, num_warps=4, stages=3, maxnreg=128),
+    FwdConfig(R=4, SUB=64, BC=128, num_warps=4, stages=4, maxnreg=128),
 )
 
 BWD_CONFIGS = (
@@ -73,6 +74,8 @@ BWD_CONFIGS = (
     BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128),
     BwdConfig(R=8, BC=64, num_warps=4, stages=4, maxnreg=128),
     BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True),
+    BwdConfig(R=2, BC=128, num_warps=4, stages=4, maxnreg=128),
+    BwdConfig(R=2, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True),
 )
 
 # Small fixed configuration for the CPU interpreter (TRITON_INTERPRET=1): tiny tiles run fastest.
@@ -87,6 +90,15 @@ _FWD_ODD = FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
 _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
+# Wide taps (W >= WIDE_TAPS): the sliding window holds H + 4 = W + 3 rows (forward) and the backward
+# carries about 2 W + 15 tiles, so the picks halve the rows per program to keep them in registers.
+# Forward at W = 8, no activation, uniform 1-64 documents, C = 512 (one H200, sweep_configs.py):
+# R = 8 SUB = 32 0.26 of copy, R = 4 SUB = 64 0.68, R = 2 SUB = 128 0.58; at W = 5 the R = 8 pick
+# kept 0.885 (W = 4: 0.893). The backward's R = 2 picks follow the register count (unmeasured).
+WIDE_TAPS = 6
+_FWD_WIDE_TAPS = FwdConfig(R=4, SUB=64, BC=128, num_warps=4, stages=4, maxnreg=128)
+_BWD_WIDE_TAPS = BwdConfig(R=2, BC=128, num_warps=4, stages=4, maxnreg=128)
+_BWD_WIDE_TAPS_BRANCH = BwdConfig(R=2, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
 
 
 def pick_fwd_config(C: int, itemsize: int, interpret: bool, width: int = 4) -> FwdConfig:
@@ -94,6 +106,8 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool, width: int = 4) -> F
     H200 sweep at the nearest measured C."""
     if interpret:
         return FWD_INTERPRET
+    if width >= WIDE_TAPS:
+        return _FWD_ODD if C <= 128 else _FWD_WIDE_TAPS
     if C <= 128:
         # 128-row programs: 256-row ones make 7.4 programs per SM at S = 250,340 (978 of them), so the
         # SMs holding 8 set the time; 128-row ones make 14.8 (the benchmark's seed mix: 38.6 -> 36.6 us;
@@ -113,6 +127,9 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = Fal
     fastest of BWD_CONFIGS in the H200 runs."""
     if interpret:
         return BWD_INTERPRET
+    if width >= WIDE_TAPS and C > 64:
+        branch = C >= 1024 or (C >= 512 and not has_bias)
+        return _BWD_WIDE_TAPS_BRANCH if branch else _BWD_WIDE_TAPS
     if C <= 64:
         return _BWD_TINY
     if C >= 1024 or (C >= 512 and not has_bias):
