@@ -2,20 +2,21 @@
 
 Tiers (cheapest first):
 
-1. CPU (CI; causal-conv1d does not build here): the cakeconv path (reference backend) against a
-   float64 oracle written here (one ``F.conv1d`` per document, then SiLU; autograd for the
-   gradients), for W = 2, 3, 4, both layouts, fp32 and bf16, with and without bias and seq_idx;
-   the promises that hold bitwise (W < 4 is the W = 4 op with zero leading taps, its dweight the
-   matching slice, repeatable; seq_idx gives the bits of the equivalent cu_seqlens); the seq_idx
-   boundaries (values, cache, marked valid); what is delegated, and the PyTorch fallbacks against
-   an explicit per-token loop of causal-conv1d's semantics (negative and non-contiguous ids,
-   initial and final states, the decode update: shift register, circular buffer, state indices);
-   user errors.
+1. CPU (CI; causal-conv1d does not build here): the cakeconv path (reference backend) against the
+   float64 oracle ``cakeconv.oracle`` (seq_idx turned into document boundaries on the host), for
+   W = 2, 3, 4, 5, 8, SiLU and no activation, both layouts, fp32 and bf16, with and without bias
+   and seq_idx; the promises that hold bitwise (every W runs natively: cakeconv's op gets the
+   real [D, W] taps and activation, dweight is its [D, W] gradient, repeatable; seq_idx gives the
+   bits of the equivalent cu_seqlens); the seq_idx boundaries (values, cache, marked valid); what
+   is delegated, and the PyTorch fallbacks against an explicit per-token loop of causal-conv1d's
+   semantics (negative and non-contiguous ids, initial and final states, the decode update: shift
+   register, circular buffer, state indices); user errors.
 2. Triton kernels in the interpreter (marked ``interpret``; own process): seq_idx's padded
-   boundaries on the Triton path, bitwise the exact cu_seqlens.
-3. GPU (marked ``gpu``): the Triton path against the oracle, bitwise repeatability, no host
-   synchronisation with seq_idx after the first call, a CUDA graph of forward + backward with
-   seq_idx, and, where causal-conv1d imports, its function side by side.
+   boundaries on the Triton path at W = 3 without activation, bitwise the exact cu_seqlens.
+3. GPU (marked ``gpu``): the Triton path against the oracle over W and the activation, bitwise
+   repeatability, no host synchronisation with seq_idx after the first call, a CUDA graph of
+   forward + backward with seq_idx, and, where causal-conv1d imports, its function side by side
+   (W = 3 and 4, SiLU and no activation).
 
 Shape legend: B batch rows, D channels, T tokens per row, S = B * T, W taps, H = W - 1, L state
 columns.
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 import cakeconv.integrations.dao as cdao
 from cakeconv import cake_causal_conv1d_det
 from cakeconv.cake_causal_conv1d_det_train_backend import checks
+from cakeconv.oracle import causal_conv1d_oracle, causal_conv1d_oracle_backward
 from cakeconv.integrations.dao import (
     causal_conv1d_fn,
     causal_conv1d_update,
@@ -78,24 +80,31 @@ def make_args(B, D, T, W, dtype=torch.float32, wdtype=torch.float32, bias=True, 
     return x, w, b, dy
 
 
-def oracle_fn(x, w, b, seq_idx=None, silu=True):
-    """float64 y [B, D, T] of causal-conv1d's semantics for contiguous, non-negative ids: one
-    ``F.conv1d`` per run of equal seq_idx in each row (W - 1 columns of left zero padding)."""
-    x64 = x.double()
-    w64 = w.double()
-    b64 = None if b is None else b.double()
+def seq_idx_cu(seq_idx: torch.Tensor | None, B: int, T: int) -> torch.Tensor:
+    """int32 cu_seqlens of the B * T row-major tokens, built on the host: a document starts at each
+    row start and wherever seq_idx changes (causal-conv1d's rule for contiguous, non-negative ids)."""
+    flat = [0] * (B * T) if seq_idx is None else seq_idx.reshape(-1).tolist()
+    starts = [t for t in range(B * T) if t % T == 0 or flat[t] != flat[t - 1]]
+    return torch.tensor(starts + [B * T], dtype=torch.int32)
+
+
+def packed(t_BDT: torch.Tensor) -> torch.Tensor:
+    """[B, D, T] as the packed [B * T, D] rows that cakeconv and its oracle read."""
+    B, D, T = t_BDT.shape
+    return t_BDT.transpose(1, 2).reshape(B * T, D)
+
+
+def _unpacked(t_SD: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    return t_SD.view(B, T, -1).transpose(1, 2)
+
+
+def oracle_fn(x, w, b, seq_idx=None, activation="silu"):
+    """float64 y [B, D, T] of ``cakeconv.oracle`` (one ``F.conv1d`` per document) on the documents
+    of ``seq_idx``; ``activation`` is causal-conv1d's (None, "silu" or "swish")."""
     B, D, T = x.shape
-    W = w.shape[1]
-    rows = []
-    for r in range(B):
-        ids = [0] * T if seq_idx is None else seq_idx[r].tolist()
-        cuts = [0] + [t for t in range(1, T) if ids[t] != ids[t - 1]] + [T]
-        parts = []
-        for s, e in zip(cuts[:-1], cuts[1:]):
-            seg = F.conv1d(x64[r:r + 1, :, s:e], w64[:, None, :], b64, padding=W - 1, groups=D)[..., :e - s]
-            parts.append(F.silu(seg) if silu else seg)
-        rows.append(torch.cat(parts, dim=2) if parts else x64[r:r + 1, :, :0])
-    return torch.cat(rows, dim=0)
+    y_SD = causal_conv1d_oracle(packed(x.detach().cpu()), w, b, seq_idx_cu(seq_idx, B, T),
+                                activation=cdao._cake_activation(activation))
+    return _unpacked(y_SD, B, T)
 
 
 def loop_oracle(x, w, b, seq_idx=None, initial_states=None, silu=True):
@@ -135,78 +144,82 @@ def grads(y, dy, *tensors):
     return [next(it) if t is not None else None for t in tensors]
 
 
-def oracle_grads(x, w, b, dy, seq_idx=None):
-    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    b64 = None if b is None else b.detach().double().requires_grad_()
-    y64 = oracle_fn(x64, w64, b64, seq_idx)
-    return (y64, *grads(y64, dy.double(), x64, w64, b64))
+def oracle_grads(x, w, b, dy, seq_idx=None, activation="silu"):
+    """float64 (y, dx [B, D, T], dweight, dbias) of ``oracle_fn`` (the oracle's own backward)."""
+    B, D, T = x.shape
+    dx_SD, dw, db = causal_conv1d_oracle_backward(packed(dy.detach().cpu()), packed(x.detach().cpu()), w, b,
+                                                  seq_idx_cu(seq_idx, B, T),
+                                                  activation=cdao._cake_activation(activation))
+    return oracle_fn(x, w, b, seq_idx, activation), _unpacked(dx_SD, B, T), dw, db
 
 
 # ------------------------------------------------------------------------ the cakeconv path (CPU)
 
 @pytest.fixture
 def cake_calls(monkeypatch):
-    """Counts the calls that reach cakeconv's op through the integration."""
+    """The calls that reach cakeconv's op through the integration: (cu_seqlens, taps shape, activation)."""
     calls = []
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs.get("cu_seqlens"))
-        return cake_causal_conv1d_det(*args, **kwargs)
+    def counting(x, weight, *args, **kwargs):
+        calls.append((kwargs.get("cu_seqlens"), tuple(weight.shape), kwargs.get("activation", "silu")))
+        return cake_causal_conv1d_det(x, weight, *args, **kwargs)
 
     monkeypatch.setattr(cdao, "cake_causal_conv1d_det", counting)
     return calls
 
 
-# Grid: each W with both layouts in fp32 (tight), bf16 once per W; seq_idx on half the cases.
-@pytest.mark.parametrize("W", [2, 3, 4])
+# Grid: the shortest and longest widths, Dao's widths 2-4 and one past them, each with SiLU and
+# without; per pair both layouts in fp32 (tight), bf16 once; seq_idx on three cases of four.
+@pytest.mark.parametrize("W", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("activation", ["silu", None])
 @pytest.mark.parametrize("layout,dtype,bias,with_seq_idx", [
     ("channel_last", torch.float32, True, False),
     ("channel_first", torch.float32, False, True),
     ("channel_last", torch.float32, False, True),
     ("channel_last", torch.bfloat16, True, True),
 ])
-def test_cakeconv_path_matches_oracle(cake_calls, W, layout, dtype, bias, with_seq_idx):
+def test_cakeconv_path_matches_oracle(cake_calls, W, activation, layout, dtype, bias, with_seq_idx):
     B, D, T = 3, 16, 29
     x, w, b, dy = make_args(B, D, T, W, dtype=dtype, bias=bias, layout=layout, seed=W)
     seq_idx = runs_seq_idx(B, T, torch.Generator().manual_seed(W)) if with_seq_idx else None
-    y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation="silu")
-    assert len(cake_calls) == 1
+    y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation=activation)
+    assert [call[1:] for call in cake_calls] == [((D, W), activation)], "cakeconv ran, at the real width"
     assert y.shape == (B, D, T) and y.dtype == dtype
     if layout == "channel_last":
         assert y.stride(1) == 1, "channel-last in, channel-last out (as causal-conv1d)"
     else:
         assert y.is_contiguous()
     dx, dw, db = grads(y, dy, x, w, b)
-    y64, dx64, dw64, db64 = oracle_grads(x, w, b, dy, seq_idx)
+    y64, dx64, dw64, db64 = oracle_grads(x, w, b, dy, seq_idx, activation)
     tol = TOLERANCES[dtype]
     assert rel_err(y, y64) <= tol
     assert rel_err(dx, dx64) <= tol
-    assert dw.dtype == w.dtype and rel_err(dw, dw64) <= 4 * tol  # sums of S * T terms, rounded once
+    assert dw.shape == (D, W) and dw.dtype == w.dtype and rel_err(dw, dw64) <= 4 * tol  # sums of S terms
     if bias:
         assert rel_err(db, db64) <= 4 * tol
 
 
-@pytest.mark.parametrize("W", [2, 3])
-def test_short_widths_are_the_width_4_op_with_zero_leading_taps(W):
-    """Bitwise: y and dx equal the W = 4 op on zero-padded taps, dweight is its slice, every call."""
+@pytest.mark.parametrize("W,activation", [(2, "swish"), (3, None), (7, None), (8, "silu")])
+def test_every_width_is_cakeconvs_op_at_that_width(cake_calls, W, activation):
+    """Bitwise: y, dx, dweight [D, W] and dbias are cakeconv's op called directly with the real
+    taps and activation ("swish" is "silu"), on every call."""
     B, D, T = 2, 24, 33
     x, w, b, dy = make_args(B, D, T, W, dtype=torch.bfloat16, bias=True)
     runs = []
     for _ in range(2):
-        y = causal_conv1d_fn(x, w, b, activation="swish")
+        y = causal_conv1d_fn(x, w, b, activation=activation)
         runs.append((y, *grads(y, dy, x, w, b)))
     for got, again in zip(runs[0], runs[1]):
         assert torch.equal(got, again)
-    w4 = F.pad(w.detach(), (4 - W, 0)).requires_grad_()
+    cake_activation = None if activation is None else "silu"
+    assert [call[1:] for call in cake_calls] == [((D, W), cake_activation)] * 2
     x_BTD = x.detach().transpose(1, 2).requires_grad_()
-    b4 = b.detach().requires_grad_()
-    y4 = cake_causal_conv1d_det(x_BTD, w4, b4)
-    dx4, dw4, db4 = grads(y4, dy.transpose(1, 2), x_BTD, w4, b4)
-    y, dx, dw, db = runs[0]
-    assert torch.equal(y, y4.transpose(1, 2))
-    assert torch.equal(dx, dx4.transpose(1, 2))
-    assert torch.equal(dw, dw4[:, 4 - W:])
-    assert torch.equal(db, db4)
+    w_direct, b_direct = w.detach().requires_grad_(), b.detach().requires_grad_()
+    y_direct = cake_causal_conv1d_det(x_BTD, w_direct, b_direct, activation=cake_activation)
+    want = (y_direct.transpose(1, 2), *grads(y_direct, dy.transpose(1, 2), x_BTD, w_direct, b_direct))
+    want = (want[0], want[1].transpose(1, 2), *want[2:])
+    for name, got, expected in zip(("y", "dx", "dweight", "dbias"), runs[0], want):
+        assert torch.equal(got, expected), name
 
 
 def test_seq_idx_gives_the_bits_of_its_cu_seqlens():
@@ -217,13 +230,10 @@ def test_seq_idx_gives_the_bits_of_its_cu_seqlens():
     seq_idx = runs_seq_idx(B, T, torch.Generator().manual_seed(5))
     y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation="silu")
     dx, dw, db = grads(y, dy, x, w, b)
-    flat = seq_idx.reshape(-1).tolist()
-    cuts = [t for t in range(B * T) if t % T == 0 or flat[t] != flat[t - 1]] + [B * T]
-    cu = torch.tensor(cuts, dtype=torch.int32)
-    x_SD = x.detach().transpose(1, 2).reshape(B * T, D).requires_grad_()
+    x_SD = packed(x.detach()).requires_grad_()
     w2, b2 = w.detach().requires_grad_(), b.detach().requires_grad_()
-    y_SD = cake_causal_conv1d_det(x_SD, w2, b2, cu_seqlens=cu)
-    dx_SD, dw2, db2 = grads(y_SD, dy.transpose(1, 2).reshape(B * T, D), x_SD, w2, b2)
+    y_SD = cake_causal_conv1d_det(x_SD, w2, b2, cu_seqlens=seq_idx_cu(seq_idx, B, T))
+    dx_SD, dw2, db2 = grads(y_SD, packed(dy), x_SD, w2, b2)
     assert torch.equal(y, y_SD.view(B, T, D).transpose(1, 2))
     assert torch.equal(dx, dx_SD.view(B, T, D).transpose(1, 2))
     assert torch.equal(dw, dw2) and torch.equal(db, db2)
@@ -234,8 +244,7 @@ def test_cu_seqlens_from_seq_idx_values_cache_and_validity():
     B, T = 3, 25
     seq_idx = runs_seq_idx(B, T, gen)
     cu = cu_seqlens_from_seq_idx(seq_idx)
-    flat = seq_idx.reshape(-1).tolist()
-    starts = [t for t in range(B * T) if t % T == 0 or flat[t] != flat[t - 1]]
+    starts = seq_idx_cu(seq_idx, B, T).tolist()[:-1]
     assert cu.dtype == torch.int32 and cu.shape == (B * T + 1,)
     assert cu.tolist() == starts + [B * T] * (B * T + 1 - len(starts))
     assert checks._cu_values_checked(cu, B * T), "built valid: no host copy when the op sees it"
@@ -291,8 +300,7 @@ def test_empty_rows():
 # ------------------------------------------------------------------------------ delegation (CPU)
 
 @pytest.mark.parametrize("case,reason", [
-    ({"activation": None}, "activation"),
-    ({"W": 5}, "W = 5"),
+    ({"W": 9, "activation": None}, "W = 9"),
     ({"W": 1}, "W = 1"),
     ({"D": 12}, "multiple of 8"),
     ({"dtype": torch.float64}, "x dtype"),
@@ -452,24 +460,22 @@ def test_check_seq_idx_accepts_contiguous_ids():
 def test_interpreted_triton_path_with_seq_idx():
     """Tier 2: the Triton kernels under the interpreter read seq_idx's B * T + 1 boundaries (the
     documents past the last one empty, the per-token index variant) and give bitwise the result of
-    the exact cu_seqlens, within FP32 tolerance of the oracle."""
+    the exact cu_seqlens, at W = 3 without activation, within FP32 tolerance of the oracle."""
     B, D, T = 2, 16, 23
     x, w, b, dy = make_args(B, D, T, 3, dtype=torch.float32, bias=True, seed=9)
     seq_idx = runs_seq_idx(B, T, torch.Generator().manual_seed(9), max_run=4)
-    y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation="silu", backend="triton")
+    y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation=None, backend="triton")
     dx, dw, db = grads(y, dy, x, w, b)
-    flat = seq_idx.reshape(-1).tolist()
-    cu = torch.tensor([t for t in range(B * T) if t % T == 0 or flat[t] != flat[t - 1]] + [B * T], dtype=torch.int32)
+    cu = seq_idx_cu(seq_idx, B, T)
     assert cu.numel() - 1 >= 5, "enough documents for the per-token index variant"
-    x_SD = x.detach().transpose(1, 2).reshape(B * T, D).requires_grad_()
-    w4 = F.pad(w.detach(), (1, 0)).requires_grad_()
-    b2 = b.detach().requires_grad_()
-    y_SD = cake_causal_conv1d_det(x_SD, w4, b2, cu_seqlens=cu, backend="triton")
-    dx_SD, dw4, db2 = grads(y_SD, dy.transpose(1, 2).reshape(B * T, D), x_SD, w4, b2)
+    x_SD = packed(x.detach()).requires_grad_()
+    w2, b2 = w.detach().requires_grad_(), b.detach().requires_grad_()
+    y_SD = cake_causal_conv1d_det(x_SD, w2, b2, cu_seqlens=cu, activation=None, backend="triton")
+    dx_SD, dw2, db2 = grads(y_SD, packed(dy), x_SD, w2, b2)
     assert torch.equal(y, y_SD.view(B, T, D).transpose(1, 2))
     assert torch.equal(dx, dx_SD.view(B, T, D).transpose(1, 2))
-    assert torch.equal(dw, dw4[:, 1:]) and torch.equal(db, db2)
-    y64, dx64, dw64, _ = oracle_grads(x, w, b, dy, seq_idx)
+    assert torch.equal(dw, dw2) and torch.equal(db, db2)
+    y64, dx64, dw64, _ = oracle_grads(x, w, b, dy, seq_idx, activation=None)
     assert rel_err(y, y64) <= TOLERANCES[torch.float32] and rel_err(dw, dw64) <= 4 * TOLERANCES[torch.float32]
 
 
@@ -481,19 +487,19 @@ def _dao_fn():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("W", [2, 3, 4])
-def test_gpu_triton_path_matches_oracle_and_repeats(W):
+@pytest.mark.parametrize("W,activation", [(2, "silu"), (3, None), (4, "silu"), (5, None), (7, None), (8, "silu")])
+def test_gpu_triton_path_matches_oracle_and_repeats(W, activation):
     B, D, T = 2, 512, 3001
     x, w, b, dy = make_args(B, D, T, W, dtype=torch.bfloat16, bias=True, seed=W, device=DEVICE_GPU)
     seq_idx = runs_seq_idx(B, T, torch.Generator().manual_seed(W), max_run=300).to(DEVICE_GPU)
     outs = []
     for _ in range(2):
-        y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation="silu")
+        y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation=activation)
         outs.append((y, *grads(y, dy, x, w, b)))
     for got, again in zip(outs[0], outs[1]):
         assert torch.equal(got, again)
     y, dx, dw, db = outs[0]
-    y64, dx64, dw64, db64 = oracle_grads(x.cpu(), w.cpu(), b.cpu(), dy.cpu(), seq_idx.cpu())
+    y64, dx64, dw64, db64 = oracle_grads(x.cpu(), w.cpu(), b.cpu(), dy.cpu(), seq_idx.cpu(), activation)
     tol = TOLERANCES[torch.bfloat16]
     assert rel_err(y, y64) <= tol and rel_err(dx, dx64) <= tol
     assert rel_err(dw, dw64) <= 4 * tol and rel_err(db, db64) <= 4 * tol
@@ -552,27 +558,30 @@ def test_gpu_cuda_graph_with_seq_idx_sees_new_ids():
 
 
 @pytest.mark.gpu
-def test_gpu_beside_dao_causal_conv1d():
+@pytest.mark.parametrize("W,activation", [(4, "silu"), (3, None)])
+def test_gpu_beside_dao_causal_conv1d(W, activation):
     """Where causal-conv1d imports: the same y and gradients within bf16 tolerance of its function,
-    its delegated calls (activation None, final states, the update) unchanged."""
+    with SiLU and without; its delegated calls (final states, the update) unchanged."""
     dao_fn = _dao_fn()
     if dao_fn is None:
         pytest.skip("causal-conv1d is not installed")
     B, D, T = 2, 512, 2048
     # bf16 x, FP32 taps: what mixed-precision training passes (and the pair the benchmarks' trimmed
     # build of causal-conv1d keeps, benchmarks/tools/build_dao.sh)
-    x, w, b, dy = make_args(B, D, T, 4, dtype=torch.bfloat16, wdtype=torch.float32, device=DEVICE_GPU)
+    x, w, b, dy = make_args(B, D, T, W, dtype=torch.bfloat16, wdtype=torch.float32, device=DEVICE_GPU)
     seq_idx = runs_seq_idx(B, T, torch.Generator().manual_seed(3), max_run=300).to(DEVICE_GPU)
-    y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation="silu")
+    y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation=activation)
     got = (y, *grads(y, dy, x, w, b))
-    y_dao = dao_fn(x, w, b, seq_idx, None, False, None, "silu")
+    y_dao = dao_fn(x, w, b, seq_idx, None, False, None, activation)
     want = (y_dao, *grads(y_dao, dy, x, w, b))
     for name, g, d in zip(("y", "dx", "dweight", "dbias"), got, want):
         assert rel_err(g, d) <= 4 * TOLERANCES[torch.bfloat16], name
-    assert torch.equal(causal_conv1d_fn(x, w, b, activation=None), dao_fn(x, w, b, activation=None))
+    head, fs = causal_conv1d_fn(x, w, b, return_final_states=True, activation=activation)
+    head_dao, fs_dao = dao_fn(x, w, b, None, None, True, None, activation)
+    assert torch.equal(head, head_dao) and torch.equal(fs, fs_dao), "delegated to causal-conv1d unchanged"
     state = x[:, :, -3:].detach().clone()
     state_dao = state.clone()
     step = x[:, :, 0].detach()
-    ours = causal_conv1d_update(step, state, w, b, "silu")
-    theirs = cdao.dao_causal_conv1d()[1](step, state_dao, w, b, "silu")
+    ours = causal_conv1d_update(step, state, w, b, activation)
+    theirs = cdao.dao_causal_conv1d()[1](step, state_dao, w, b, activation)
     assert torch.equal(ours, theirs) and torch.equal(state, state_dao)

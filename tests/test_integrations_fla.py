@@ -4,10 +4,11 @@ Tiers (cheapest first):
 
 1. CPU, no flash-linear-attention needed (CI): the module imports without ``fla``; a stand-in
    ``FakeShortConvolution`` with ShortConvolution's constructor, parameters and forward, written
-   in plain PyTorch from FLA 0.6.0's code (mask multiplied in place, cache/final state, SiLU, the
-   residual added after the activation), is the base class. On it: what is routed to cakeconv
-   (bitwise the functional op with the reference backend, and within FP32/BF16 tolerance of FLA's
-   semantics), what is delegated (the base's forward gets the call unchanged), user errors, and
+   in plain PyTorch from FLA 0.6.0's code (mask multiplied in place, cache/final state, SiLU or no
+   activation, the residual added after the activation), is the base class. On it: what is routed
+   to cakeconv (bitwise the functional op with the reference backend, and within FP32/BF16
+   tolerance of FLA's semantics; W = 4 with SiLU, W = 3 and 7 without activation, W = 2 and 8 with
+   "swish"), what is delegated (the base's forward gets the call unchanged), user errors, and
    ``swap_short_convolutions`` (count, idempotence, identity of the parameters, dtype, training
    mode, optimizer state, GatedDeltaNet's q/k/v fusion turned off, deepcopy and pickle).
 2. CPU with flash-linear-attention importable (skipped otherwise): the real ``ShortConvolution``
@@ -19,7 +20,9 @@ Tiers (cheapest first):
    from the same init on packed varlen input: outputs, loss and every gradient within bf16
    tolerance; 50 AdamW steps whose losses track; greedy generation equal; the swapped model's step
    twice on the same inputs: the short convolutions' outputs and gradients bitwise equal (and a
-   replay of each convolution on fixed captured tensors, bitwise). FLA's autotuned kernels run the
+   replay of each convolution on fixed captured tensors, bitwise); FLA's own ShortConvolution at
+   W = 2, 3, 7, 8 with and without SiLU (only ``fla.modules`` needed) against the same module
+   swapped, within bf16 tolerance. FLA's autotuned kernels run the
    first configuration their pruning keeps (``_fla_autotuning_first_candidate``): FLA ships no
    tuned configurations, and autotuning every kernel took minutes per test.
 
@@ -257,15 +260,31 @@ def test_class_constructor_and_state_dict_match_the_base():
     assert cake_short_convolution_class(CakeFake) is CakeFake
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("bias", [False, True])
-def test_training_path_is_cakeconv(dtype, packed, bias):
-    """Routed calls: bitwise the functional op (reference backend), close to FLA's semantics."""
+# Grid: W = 4 with SiLU over dtype x packing x bias; the other widths and activations (LFM2's W = 3
+# and LFM3's W = 7 without activation, the extremes with FLA's "swish") once each, BF16 packed with bias.
+@pytest.mark.parametrize("W,activation,dtype,packed,bias", [
+    *[(4, "silu", dtype, packed, bias) for dtype in (torch.float32, torch.bfloat16) for packed in (False, True)
+      for bias in (False, True)],
+    (3, None, torch.bfloat16, True, True),
+    (7, None, torch.float32, False, False),
+    (2, "swish", torch.bfloat16, True, True),
+    (8, "swish", torch.float32, True, False),
+])
+def test_training_path_is_cakeconv(W, activation, dtype, packed, bias, monkeypatch):
+    """Routed calls: bitwise the functional op (reference backend) at the module's width and
+    activation, close to FLA's semantics."""
     gen = torch.Generator().manual_seed(11)
     D = 24
     torch.manual_seed(5)
-    conv = CakeFake(D, 4, bias=bias, dtype=dtype, cake_backend="reference")
+    conv = CakeFake(D, W, bias=bias, activation=activation, dtype=dtype, cake_backend="reference")
+    cake_act = None if activation is None else "silu"
+    seen = []
+
+    def counting(x, weight, *args, **kwargs):
+        seen.append((tuple(weight.shape), kwargs.get("activation", "silu")))
+        return cake_causal_conv1d_det(x, weight, *args, **kwargs)
+
+    monkeypatch.setattr(cfla, "cake_causal_conv1d_det", counting)
     if packed:
         cu = _random_cu(53, gen)
         x = torch.randn(1, 53, D, generator=gen).to(dtype)
@@ -279,18 +298,20 @@ def test_training_path_is_cakeconv(dtype, packed, bias):
     y1, final = conv(x1, cu_seqlens=cu)
     assert final is None and y1.shape == x.shape and y1.dtype == dtype
     assert conv.calls == []  # the base's forward was not called
+    assert seen == [((D, W), cake_act)], "cakeconv ran, at the module's width and activation"
     y1.backward(dy)
     grads1 = [x1.grad] + [p.grad.clone() for p in conv.parameters()]
 
     conv.zero_grad(set_to_none=True)
     x2 = x.clone().requires_grad_()
-    y2 = cake_causal_conv1d_det(x2, conv.weight.view(D, 4), conv.bias, cu_seqlens=cu, backend="reference")
+    y2 = cake_causal_conv1d_det(x2, conv.weight.view(D, W), conv.bias, cu_seqlens=cu, activation=cake_act,
+                                backend="reference")
     y2.backward(dy)
     grads2 = [x2.grad] + [p.grad.clone() for p in conv.parameters()]
     assert torch.equal(y1, y2)
     for g1, g2 in zip(grads1, grads2):
         assert g1.dtype == g2.dtype and torch.equal(g1, g2)
-    assert grads1[1].shape == (D, 1, 4) and grads1[1].dtype == dtype
+    assert grads1[1].shape == (D, 1, W) and grads1[1].dtype == dtype
 
     # Against FLA's semantics (the base's forward), outputs and gradients.
     conv.zero_grad(set_to_none=True)
@@ -337,8 +358,8 @@ def test_delegated_calls_reach_the_base_unchanged():
         (CakeFake(D, 4), dict(cache=cache), "cache"),
         (CakeFake(D, 4), dict(output_final_state=True), "output_final_state"),
         (CakeFake(D, 4), dict(cp_context=object()), "cp_context"),
-        (CakeFake(D, 4, activation=None), {}, "activation"),
-        (CakeFake(D, 3), {}, "kernel_size = 3"),
+        (CakeFake(D, 9, activation=None), {}, "kernel_size = 9"),
+        (CakeFake(D, 1), {}, "kernel_size = 1"),
         (CakeFake(12, 4), {}, "multiple of 8"),
         (CakeFake(D, 4, dtype=torch.float16), {}, "weight dtype"),
     ]
@@ -366,11 +387,12 @@ def test_delegated_calls_reach_the_base_unchanged():
     assert len(conv.calls) == 1 and y4.shape == x4.shape
 
 
-def test_decode_after_a_cakeconv_prefill_matches_the_base():
+@pytest.mark.parametrize("W,activation", [(4, "silu"), (3, None)])
+def test_decode_after_a_cakeconv_prefill_matches_the_base(W, activation):
     """The training path gives no state; a prefill with output_final_state (delegated) then decode steps."""
     gen = torch.Generator().manual_seed(9)
     D = 16
-    conv = CakeFake(D, 4, bias=True, cake_backend="reference")
+    conv = CakeFake(D, W, bias=True, activation=activation, cake_backend="reference")
     x = torch.randn(1, 12, D, generator=gen)
     y_all, _ = conv(x.clone())  # cakeconv
     y_pre, state = conv(x[:, :8].clone(), output_final_state=True)  # delegated
@@ -964,3 +986,31 @@ def test_gpu_model_step_twice_conv_bitwise():
     varied = check_step_twice_bitwise("cuda", family)
     # Not an error: the convolutions are then checked on fixed tensors. Shown with `pytest -rP`.
     print(f"{family}: convolutions whose inputs varied between the two runs (FLA's other kernels):", varied or "none")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("W,activation", [(3, None), (7, None), (2, "silu"), (8, "swish")])
+def test_gpu_short_convolution_any_width_matches_fla(W, activation, monkeypatch):
+    """FLA's own ShortConvolution (its Triton kernels take any width and no activation) against the
+    same module swapped, packed bf16: cakeconv ran at the module's width, and y, dx, dweight and
+    dbias are within bf16 tolerance of FLA's."""
+    ShortConvolution = pytest.importorskip("fla.modules").ShortConvolution
+    D = 512
+    torch.manual_seed(0)
+    ref = ShortConvolution(D, W, bias=True, activation=activation).to(device="cuda", dtype=torch.bfloat16)
+    cake = copy.deepcopy(ref)
+    assert swap_short_convolutions(cake) == 1
+    calls = count_cake_calls(monkeypatch)
+    cu = torch.tensor([0] + DOC_LENGTHS, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    gen = torch.Generator().manual_seed(W)
+    x, dy = (torch.randn(1, int(cu[-1]), D, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    got = {}
+    for key, module in (("fla", ref), ("cake", cake)):
+        xi = x.clone().requires_grad_()
+        y, _ = module(xi, cu_seqlens=cu)
+        y.backward(dy)
+        got[key] = (y.detach(), xi.grad, module.weight.grad, module.bias.grad)
+    assert len(calls) == 1
+    for name, a, b, tol in zip(("y", "dx", "dweight", "dbias"), got["cake"], got["fla"],
+                               (TOL_OUT, TOL_GRAD, TOL_GRAD, TOL_GRAD)):
+        assert _rel(a, b) < tol, (name, _rel(a, b))

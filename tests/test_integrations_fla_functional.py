@@ -3,13 +3,16 @@
 Tiers (cheapest first):
 
 1. CPU, no flash-linear-attention needed: the training path of ``causal_conv1d`` is bitwise
-   ``cake_causal_conv1d_det`` (reference backend), with ``(y, None)`` returned as FLA does; every
-   other call reaches FLA's function unchanged (a recording stand-in is put where the module looks
-   FLA's function up); user errors; an FLA context without a group runs one rank on its local
+   ``cake_causal_conv1d_det`` (reference backend) at the taps' width and the call's activation
+   (W = 4 with SiLU; W = 3 and 7 with FLA's default ``activation=None``), within FP32/BF16
+   tolerance of the float64 oracle, with ``(y, None)`` returned as FLA does; every other call
+   reaches FLA's function unchanged (a recording stand-in is put where the module looks FLA's
+   function up); user errors; an FLA context without a group runs one rank on its local
    ``cu_seqlens`` (as FLA does).
 2. gloo, 2 ranks: with an FLA context, the function and a swapped module give y and dx bitwise
    the single-rank op's on every rank, for both of FLA's layouts, with a residual, BF16 and FP32
-   taps; the all-reduced parameter gradients within tolerance of the single-rank ones; a second
+   taps, at W = 4 with SiLU and at W = 3 and 7 without activation (halos of W - 1 rows); the
+   all-reduced parameter gradients within tolerance of the single-rank ones; a second
    call with the same FLA context makes no collective. Where fla is importable, the ranks build
    their contexts with ``fla.ops.cp.build_cp_context``, swap FLA's real ``ShortConvolution`` and
    also run ``copy_for_backward()`` contexts; without fla, they get the fields of
@@ -32,12 +35,14 @@ import torch.nn as nn
 
 import cakeconv.integrations.fla as cfla
 from cakeconv import KcpContext, cake_causal_conv1d_det
+from cakeconv.oracle import causal_conv1d_oracle, causal_conv1d_oracle_backward
 from cakeconv.integrations.fla import (
     cake_short_convolution_class,
     causal_conv1d,
     causal_conv1d_delegation_reason,
 )
 
+from tests.helpers import TOLERANCES, rel_err
 from tests.kcp._dist import run_on_ranks
 from tests.kcp.test_kcp_fla_context import (
     FlaContextStandIn,
@@ -65,12 +70,12 @@ class ShortConvolutionShape(nn.Conv1d):
 CakeShape = cake_short_convolution_class(ShortConvolutionShape)
 
 
-def _data(shape, D, seed, dtype, wdtype=torch.float32):
+def _data(shape, D, seed, dtype, wdtype=torch.float32, W=4):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*shape, D, generator=g).to(dtype)
     dy = torch.randn(*shape, D, generator=g).to(dtype)
     residual = torch.randn(*shape, D, generator=g).to(dtype)
-    w = (torch.randn(D, 4, generator=g) * 0.5).to(wdtype)
+    w = (torch.randn(D, W, generator=g) * 0.5).to(wdtype)
     b = (torch.randn(D, generator=g) * 0.5).to(wdtype)
     return x, dy, residual, w, b
 
@@ -89,29 +94,45 @@ def _run(fn, x, dy, *params):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("W, activation", [(4, "swish"), (3, None), (7, None)])
 @pytest.mark.parametrize("dtype, wdtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
 @pytest.mark.parametrize("packed", [False, True])
-def test_training_path_is_cakeconv(dtype, wdtype, packed):
+def test_training_path_is_cakeconv(W, activation, dtype, wdtype, packed, monkeypatch):
     D = 24
     shape = (1, 41) if packed else (3, 13)
     cu = torch.tensor([0, 1, 4, 4, 20, 41], dtype=torch.int32) if packed else None
-    x, dy, residual, w, b = _data(shape, D, 1, dtype, wdtype)
-    assert causal_conv1d_delegation_reason(x, w, b, activation="silu", cu_seqlens=cu) is None
+    x, dy, residual, w, b = _data(shape, D, 1, dtype, wdtype, W)
+    cake_act = None if activation is None else "silu"
+    assert causal_conv1d_delegation_reason(x, w, b, activation=activation, cu_seqlens=cu) is None
+    seen = []
+
+    def counting(x, weight, *args, **kwargs):
+        seen.append((tuple(weight.shape), kwargs.get("activation", "silu")))
+        return cake_causal_conv1d_det(x, weight, *args, **kwargs)
+
+    monkeypatch.setattr(cfla, "cake_causal_conv1d_det", counting)
 
     def via_fla_api(xg, wg, bg):
-        y, state = causal_conv1d(xg, wg, bg, activation="swish", cu_seqlens=cu, cake_backend="reference")
+        y, state = causal_conv1d(xg, wg, bg, activation=activation, cu_seqlens=cu, cake_backend="reference")
         assert state is None
         return y
 
     def plain(xg, wg, bg):
-        return cake_causal_conv1d_det(xg, wg, bg, cu_seqlens=cu, backend="reference")
+        return cake_causal_conv1d_det(xg, wg, bg, cu_seqlens=cu, activation=cake_act, backend="reference")
 
     got, want = _run(via_fla_api, x, dy, w, b), _run(plain, x, dy, w, b)
+    assert seen == [((D, W), cake_act)], "cakeconv ran, at the taps' width and the call's activation"
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     for a, c in zip(got[2], want[2]):
         assert a.dtype == wdtype and torch.equal(a, c)
-    y_res, _ = causal_conv1d(x, w, None, residual=residual, activation="silu", cu_seqlens=cu, cake_backend="reference")
-    plain_y = cake_causal_conv1d_det(x, w, cu_seqlens=cu, backend="reference")
+    y64 = causal_conv1d_oracle(x, w, b, cu, activation=cake_act)
+    dx64, dw64, db64 = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation=cake_act)
+    tol = TOLERANCES[dtype]
+    assert rel_err(got[0], y64) <= tol and rel_err(got[1], dx64) <= tol
+    assert rel_err(got[2][0], dw64) <= 4 * tol and rel_err(got[2][1], db64) <= 4 * tol
+    y_res, _ = causal_conv1d(x, w, None, residual=residual, activation=activation, cu_seqlens=cu,
+                             cake_backend="reference")
+    plain_y = cake_causal_conv1d_det(x, w, cu_seqlens=cu, activation=cake_act, backend="reference")
     assert torch.equal(y_res, plain_y + residual)
 
 
@@ -129,8 +150,9 @@ def test_delegated_calls_reach_flas_function_unchanged(monkeypatch):
     odd_context = FlaContextStandIn(layout="zigzag_per_document")
     cases = [
         (dict(weight=None), "no weight"),
-        (dict(weight=w[:, :3]), "W = 4"),
-        (dict(activation=None), "activation = None"),
+        (dict(weight=torch.randn(D, 9)), "kernel_size = 9"),
+        (dict(weight=w[:, :1]), "kernel_size = 1"),
+        (dict(activation="relu"), "activation = 'relu'"),
         (dict(initial_state=state), "initial_state"),
         (dict(output_final_state=True), "output_final_state"),
         (dict(cp_context=object()), "not FLA's FLACPContext"),
@@ -161,7 +183,7 @@ def test_delegation_without_fla_asks_for_it(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)  # `import fla...` raises ImportError
     x, _, _, w, _ = _data((1, 5), 8, 3, torch.float32)
     with pytest.raises(ImportError, match="flash-linear-attention"):
-        causal_conv1d(x, w, activation=None)
+        causal_conv1d(x, w, initial_state=torch.zeros(1, 8, 4))
 
 
 def test_user_errors():
@@ -210,22 +232,25 @@ def test_context_without_group_runs_one_rank_on_its_documents():
 # Tiers 2 and 3: two gloo ranks.
 # --------------------------------------------------------------------------------------------------
 
-CP_CASES = [("contiguous", [0, 2, 3, 9, 16, 17, 24]), ("zigzag", [0, 0, 5, 6, 7, 13, 24, 24]),
-            ("contiguous", [0, 24]), ("zigzag", [0, 1, 23, 24])]
+# (layout, global cu_seqlens, W, activation): W = 7 with 12-token shares (24 tokens, 2 ranks;
+# zigzag: 6-token parts) takes halos of 6 rows, up to a whole part.
+CP_CASES = [("contiguous", [0, 2, 3, 9, 16, 17, 24], 4, "silu"), ("zigzag", [0, 0, 5, 6, 7, 13, 24, 24], 3, None),
+            ("contiguous", [0, 24], 7, None), ("zigzag", [0, 1, 23, 24], 7, None)]
 
 
-def _check_cp_case(rank, fla_ctx, layout, cu, seed, dtype, wdtype, module_class):
+def _check_cp_case(rank, fla_ctx, layout, cu, W, activation, seed, dtype, wdtype, module_class):
     """The function and a swapped module with ``fla_ctx`` == the single-rank op, on this rank's rows."""
     D = 16
     T = cu[-1]
-    x, dy, residual, w, b = _data((T,), D, seed, dtype, wdtype)
+    x, dy, residual, w, b = _data((T,), D, seed, dtype, wdtype, W)
     idx = _fla_local_tokens(layout, T, dist.get_world_size(), rank)
-    want = _run(lambda xg, wg, bg: cake_causal_conv1d_det(xg, wg, bg, cu_seqlens=torch.tensor(cu), backend="reference"),
+    want = _run(lambda xg, wg, bg: cake_causal_conv1d_det(xg, wg, bg, cu_seqlens=torch.tensor(cu), activation=activation,
+                                                          backend="reference"),
                 x, dy, w, b)
     x_1SD, dy_1SD, res_1SD = (t[idx][None] for t in (x, dy, residual))
 
     def via_fla_api(xg, wg, bg):
-        y, state = causal_conv1d(xg, wg, bg, residual=res_1SD, activation="silu", cu_seqlens=fla_ctx.cu_seqlens,
+        y, state = causal_conv1d(xg, wg, bg, residual=res_1SD, activation=activation, cu_seqlens=fla_ctx.cu_seqlens,
                                  cp_context=fla_ctx, cake_backend="reference")
         assert state is None
         return y
@@ -243,10 +268,10 @@ def _check_cp_case(rank, fla_ctx, layout, cu, seed, dtype, wdtype, module_class)
     # the second call made no collective (the derived context is cached on the FLA context)
     count = _AllGatherCount()
     try:
-        conv = module_class(D, 4, bias=True, dtype=wdtype, cake_backend="reference")
+        conv = module_class(D, W, bias=True, activation=activation, dtype=wdtype, cake_backend="reference")
         assert conv.delegation_reason(x_1SD, cp_context=fla_ctx) is None
         with torch.no_grad():
-            conv.weight.copy_(w.view(D, 1, 4))
+            conv.weight.copy_(w.view(D, 1, W))
             conv.bias.copy_(b)
         y_mod, state = conv(x_1SD.clone(), residual=res_1SD, cp_context=fla_ctx)
     finally:
@@ -256,10 +281,10 @@ def _check_cp_case(rank, fla_ctx, layout, cu, seed, dtype, wdtype, module_class)
 
 
 def _functional_cp_stand_in(rank, world, cases, fields_by_case):
-    for i, ((layout, cu), fields) in enumerate(zip(cases, fields_by_case)):
+    for i, ((layout, cu, W, activation), fields) in enumerate(zip(cases, fields_by_case)):
         fla_ctx = make_context(fields[rank], dist.group.WORLD)
         dtype, wdtype = [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)][i % 2]
-        _check_cp_case(rank, fla_ctx, layout, cu, 20 + i, dtype, wdtype, CakeShape)
+        _check_cp_case(rank, fla_ctx, layout, cu, W, activation, 20 + i, dtype, wdtype, CakeShape)
     return True
 
 
@@ -268,16 +293,16 @@ def _functional_cp_fla(rank, world, cases):
         warnings.simplefilter("ignore")
         from fla.ops.cp import build_cp_context
     cake_class = cake_short_convolution_class()  # over FLA's ShortConvolution
-    for i, (layout, cu) in enumerate(cases):
-        fla_ctx = build_cp_context(torch.tensor(cu, dtype=torch.int32), dist.group.WORLD, conv1d_kernel_size=4,
+    for i, (layout, cu, W, activation) in enumerate(cases):
+        fla_ctx = build_cp_context(torch.tensor(cu, dtype=torch.int32), dist.group.WORLD, conv1d_kernel_size=W,
                                    layout=layout)
         assert type(fla_ctx).__name__ == "FLACPContext"
         dtype, wdtype = [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)][i % 2]
-        _check_cp_case(rank, fla_ctx, layout, cu, 40 + i, dtype, wdtype, cake_class)
+        _check_cp_case(rank, fla_ctx, layout, cu, W, activation, 40 + i, dtype, wdtype, cake_class)
         # a copy made for the backward (FLA's pipeline parallelism) is a new object: derived again
         copy = fla_ctx.copy_for_backward()
         assert KcpContext.from_fla(copy) is not KcpContext.from_fla(fla_ctx)
-        _check_cp_case(rank, copy, layout, cu, 60 + i, dtype, wdtype, cake_class)
+        _check_cp_case(rank, copy, layout, cu, W, activation, 60 + i, dtype, wdtype, cake_class)
     return True
 
 
@@ -288,5 +313,5 @@ def test_cp_context_bitwise_on_every_rank():
     if _fla_cp_builder() is not None:  # asked here, not at import: the spawned ranks import this module
         assert run_on_ranks(_functional_cp_fla, 2, CP_CASES, timeout_s=240) == [True, True]
         return
-    fields_by_case = [context_fields(cu, 2, layout) for layout, cu in CP_CASES]
+    fields_by_case = [context_fields(cu, 2, layout) for layout, cu, _, _ in CP_CASES]
     assert run_on_ranks(_functional_cp_stand_in, 2, CP_CASES, fields_by_case, timeout_s=180) == [True, True]

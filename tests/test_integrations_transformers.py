@@ -16,11 +16,17 @@ Tiers (cheapest first):
 2. CPU with transformers importable (``pytest.importorskip``; the ``test`` extra installs it): a tiny
    randomly initialised ``Qwen3NextForCausalLM`` (config only, nothing downloaded) swapped against
    unswapped, FP32: logits, loss and every gradient within FP32 tolerance, greedy tokens equal, the
-   swapped convolutions' outputs bitwise equal on a second step; and the model-swap benchmark's
-   ``--dry-run``.
+   swapped convolutions' outputs bitwise equal on a second step; the families whose short
+   convolution has another width or no activation (LFM2 and LFM2-MoE: W = 3, LFM3: W = 7, Inkling:
+   W = 4, all without activation), each a tiny random model trained one step swapped against
+   unswapped (every call counted at cakeconv's op with the real width and activation None; loss and
+   every gradient within FP32 tolerance), and LFM2's layer on packed documents (``seq_idx``); and the
+   model-swap benchmark's ``--dry-run``.
 3. GPU (marked ``gpu``): the same model in bf16 on the Triton backend (transformers' PyTorch delta
    rule, which every GPU and Triton version runs backward), within bf16 tolerance, plus the step
-   times of both, and of Dao's function where causal-conv1d imports.
+   times of both, and of Dao's function where causal-conv1d imports; the LFM2, LFM2-MoE, LFM3 and
+   Inkling models of tier 2 in bf16, within bf16 tolerance (each skipped where the installed
+   transformers lacks it).
 
 Shape legend: B batch rows, T tokens per row, D channels, W taps, V vocabulary.
 """
@@ -187,12 +193,12 @@ class Stack(nn.Module):
 
 @pytest.fixture
 def cake_calls(monkeypatch):
-    """The calls that reach cakeconv's op through the integration (their cu_seqlens)."""
+    """The calls that reach cakeconv's op through the integration: (cu_seqlens, taps shape, activation)."""
     calls = []
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs.get("cu_seqlens"))
-        return cake_causal_conv1d_det(*args, **kwargs)
+    def counting(x, weight, *args, **kwargs):
+        calls.append((kwargs.get("cu_seqlens"), tuple(weight.shape), kwargs.get("activation", "silu")))
+        return cake_causal_conv1d_det(x, weight, *args, **kwargs)
 
     monkeypatch.setattr(cdao, "cake_causal_conv1d_det", counting)
     FALLBACK_CALLS.clear()
@@ -238,7 +244,7 @@ def test_module_function_between_layer_and_fn_is_rebound(cake_calls):
     assert conv_forward.__globals__["causal_conv1d_fn"] is causal_conv1d_fn, "the module itself is untouched"
     seq_idx = torch.tensor([[0] * 4 + [1] * 5] * 2, dtype=torch.int32)
     y = model(h, seq_idx=seq_idx)
-    assert cake_calls[-1] is not None, "seq_idx passes through the helper's keywords"
+    assert cake_calls[-1][0] is not None, "seq_idx passes through the helper's keywords"
     assert (y[:, 4:] - model(h[:, 4:])).abs().max().item() < 1e-5
 
 
@@ -250,7 +256,7 @@ def test_module_level_form_takes_seq_idx_and_ignores_other_keywords(cake_calls):
     with pytest.raises(ValueError, match="packed sequences"):
         Stack(ModuleLevelMixer, n=1)(h, seq_idx=seq_idx)  # the unswapped fallback refuses it
     y = model(h, seq_idx=seq_idx, cu_seq_lens_q=torch.tensor([0, 5, 12]), max_length_q=7)
-    assert cake_calls[-1] is not None, "seq_idx reached cakeconv as document boundaries"
+    assert cake_calls[-1][0] is not None, "seq_idx reached cakeconv as document boundaries"
     parts = [model(h[:, :5]), model(h[:, 5:])]
     assert (y - torch.cat(parts, dim=1)).abs().max().item() < 1e-5, "the documents stay apart"
 
@@ -449,6 +455,71 @@ def test_qwen3_next_swap_is_per_instance_and_survives_copies(cpu_delta_rules, ca
     assert len(cake_calls) == 3
 
 
+# Families whose short convolution is not Qwen3-Next's W = 4 + SiLU: family -> (model class, config
+# class, config fields beyond TINY_FIELDS, W, convolution modules swapped). Every one passes
+# activation=None; Inkling has four convolutions per layer (k, v, after attention, after the MLP).
+TINY_FIELDS = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                   max_position_embeddings=128)
+SHORT_CONV_FAMILIES = {
+    "lfm2": ("Lfm2ForCausalLM", "Lfm2Config", dict(intermediate_size=96, layer_types=["conv", "full_attention"]), 3, 1),
+    "lfm2_moe": ("Lfm2MoeForCausalLM", "Lfm2MoeConfig",
+                 dict(intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                      num_dense_layers=1, layer_types=["conv", "full_attention"]), 3, 1),
+    "lfm3": ("Lfm3ForCausalLM", "Lfm3Config",
+             dict(intermediate_size=96, head_dim=32, layer_types=["conv", "full_attention"], pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2), 7, 1),
+    "inkling": ("InklingForCausalLM", "InklingTextConfig",
+                dict(head_dim=32, swa_num_attention_heads=2, swa_num_key_value_heads=1, swa_head_dim=32,
+                     sliding_window_size=8, rel_extent=16, layer_types=["hybrid_sliding", "hybrid"],
+                     mlp_layer_types=["dense", "sparse"], intermediate_size=96, moe_intermediate_size=32,
+                     n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1), 4, 8),
+}
+
+
+def short_conv_pair(family, device="cpu", dtype=torch.float32):
+    """(unswapped, swapped copy, W, convolutions): a tiny random model of ``family`` (config only,
+    nothing downloaded) and a deep copy of it after ``swap_causal_conv1d``."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    model_name, config_name, fields, W, n_convs = SHORT_CONV_FAMILIES[family]
+    if not hasattr(transformers, model_name):
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    config = getattr(transformers, config_name)(**TINY_FIELDS, **fields)
+    torch.manual_seed(0)
+    plain = getattr(transformers, model_name)(config).to(device, dtype)
+    model = copy.deepcopy(plain)
+    assert swap_causal_conv1d(model) == n_convs and swap_causal_conv1d(model) == 0
+    return plain, model, W, n_convs
+
+
+@pytest.mark.parametrize("family", list(SHORT_CONV_FAMILIES))
+def test_short_conv_family_trains_through_cakeconv(family, cake_calls):
+    """One training step swapped against unswapped: each convolution ran cakeconv's op once, with
+    its real width and no activation; loss, logits and every gradient within FP32 tolerance."""
+    plain, model, W, n_convs = short_conv_pair(family)
+    ids = torch.randint(0, 96, (2, 23), generator=torch.Generator().manual_seed(3))
+    compare_step(plain, model, ids, tol=2e-5)
+    assert [(shape[1], activation) for _, shape, activation in cake_calls] == [(W, None)] * n_convs
+
+
+def test_lfm2_layer_keeps_packed_documents_apart(cake_calls):
+    """LFM2's convolution layer with seq_idx (transformers' fallback refuses it): the documents of a
+    packed row give what they give alone."""
+    plain, model, _, _ = short_conv_pair("lfm2")
+    layer, plain_layer = model.model.layers[0].conv, plain.model.layers[0].conv
+    h = torch.randn(1, 12, 64, generator=torch.Generator().manual_seed(5))
+    seq_idx = torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32)
+    with pytest.raises(ValueError, match="packed sequences"):
+        plain_layer(h, seq_idx=seq_idx)
+    with torch.no_grad():
+        y = layer(h, seq_idx=seq_idx)
+        parts = torch.cat([layer(h[:, :5]), layer(h[:, 5:])], dim=1)
+    assert cake_calls[0][0] is not None, "seq_idx reached cakeconv as document boundaries"
+    assert (y - parts).abs().max().item() < 1e-5
+
+
 def test_model_swap_benchmark_dry_run(tmp_path):
     pytest.importorskip("transformers")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), BENCH_COMMIT="test")
@@ -526,3 +597,17 @@ def test_qwen3_next_swapped_against_unswapped_gpu(torch_delta_rules, cake_calls)
                            plain32.generate(prompt, max_new_tokens=8, do_sample=False))
     print(f"\nQwen3-Next hidden 256, bf16, 2 x 512 tokens, forward+backward ms: {times} "
           f"(transformers ran {'Dao' if cdao.dao_causal_conv1d() else 'its PyTorch fallback'})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", list(SHORT_CONV_FAMILIES))
+def test_short_conv_family_swapped_against_unswapped_gpu(family, cake_calls):
+    """The tiny models of ``test_short_conv_family_trains_through_cakeconv`` in bf16 on the Triton
+    backend, within bf16 tolerance of transformers' own path (Dao's function at W <= 4 where
+    causal-conv1d imports, else its PyTorch fallback)."""
+    if SHORT_CONV_FAMILIES[family][3] > 4 and cdao.dao_causal_conv1d() is not None:
+        pytest.skip("transformers' own path calls causal-conv1d, whose kernels take W = 2..4 only")
+    plain, model, W, n_convs = short_conv_pair(family, "cuda", torch.bfloat16)
+    ids = torch.randint(0, 96, (2, 300), generator=torch.Generator().manual_seed(3)).cuda()
+    compare_step(plain, model, ids, tol=3e-2)
+    assert [(shape[1], activation) for _, shape, activation in cake_calls] == [(W, None)] * n_convs

@@ -1,5 +1,10 @@
 """Integrations of cakeconv with model libraries (each imports its library lazily, or never).
 
+Each runs the training op on cakeconv (every width W from 2 to 8, with SiLU or without an
+activation, at its real width) and delegates what carries convolution state (initial or final
+states, decode steps) or lies outside the op's operands to the library's own code; each module's
+docstring gives its rule.
+
 - ``cakeconv.integrations.fla``: flash-linear-attention (``fla``, 0.6.0). ``swap_short_convolutions``
   puts cakeconv's deterministic op under every ``fla.modules.ShortConvolution`` of a model, and
   ``CakeShortConvolution`` is the drop-in module class. Importing this package, or that module,
@@ -10,6 +15,6 @@
   applies and delegated to causal-conv1d (or a PyTorch implementation) otherwise. It does not
   import ``causal_conv1d`` until a call is delegated.
 - ``cakeconv.integrations.transformers``: ``swap_causal_conv1d(model)`` makes every layer of a
-  Hugging Face transformers model that calls ``causal_conv1d_fn`` (Qwen3-Next, Qwen3.5, Mamba2, ...)
-  call cakeconv's. It never imports transformers.
+  Hugging Face transformers model that calls ``causal_conv1d_fn`` (Qwen3-Next, Qwen3.5, LFM2,
+  LFM3, Inkling, Mamba2, ...) call cakeconv's. It never imports transformers.
 """

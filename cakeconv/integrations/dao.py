@@ -28,24 +28,27 @@ The math (causal-conv1d's), for row b, channel d, token t, with x_b[t] = 0 for t
 ``seq_idx [B, T]``, same(s, t) is 1 when seq_idx[b, s] == seq_idx[b, t] (0 for s < 0 without
 initial states), and y is 0 where seq_idx[b, t] < 0 (padding tokens).
 
-What runs on cakeconv (``cake_causal_conv1d_det``: bitwise repeatable y, dx, dweight, dbias; FP32
-arithmetic rounded once), when ALL of these hold (``delegation_reason`` says which one fails):
+What runs where: one rule. cakeconv runs the training op, that is every call of
+``causal_conv1d_fn`` that carries no conv state (no ``initial_states``, ``return_final_states``
+False) and whose operands its op takes (``cake_causal_conv1d_det``: bitwise repeatable y, dx,
+dweight, dbias; FP32 arithmetic rounded once). The operands it takes:
 
-- ``activation`` is "silu" or "swish" (cakeconv fuses SiLU);
-- no ``initial_states`` and ``return_final_states`` False;
-- W is 2, 3 or 4: W < 4 runs as W = 4 with 4 - W leading zero taps (exact: each zero tap adds
-  +0.0 to the FP32 sum), and dweight is the matching slice of the W = 4 dweight, bitwise
-  repeatable like it;
-- D is a multiple of 8; x is bf16, fp16 or fp32; weight and bias are fp32, bf16 or fp16 (fp16
-  taps are widened to fp32, exactly; their gradient is rounded once back to fp16);
-- cakeconv runs on x's device (the CPU, or an NVIDIA GPU of compute capability >= 8.0).
+- W from 2 to 8, run at its real width (dweight is the ``[D, W]`` gradient itself);
+- ``activation`` None (the plain convolution), or "silu" / "swish" (causal-conv1d's two names of
+  SiLU, fused);
+- D a multiple of 8; x bf16, fp16 or fp32; weight and bias fp32, bf16 or fp16 (fp16 taps are
+  widened to fp32, exactly; their gradient is rounded once back to fp16);
+- x on a device cakeconv runs on (the CPU, or an NVIDIA GPU of compute capability >= 8.0).
 
-Everything else is delegated: to causal-conv1d's own function when it is installed, x is on a
-CUDA device and its kernels take the operands (W of 2-4, fp32/fp16/bf16, a bias of the taps'
-dtype, its layout rules), else to ``torch_causal_conv1d_fn`` / ``torch_causal_conv1d_update`` (the
-same results up to FP32 rounding). ``causal_conv1d_update`` is always delegated (decoding is not the
-training op). Delegated calls keep causal-conv1d's properties: its weight gradient is not
-bitwise repeatable.
+Everything else is delegated: conv state (``initial_states``, ``return_final_states``, and the
+decode step ``causal_conv1d_update``, which is always delegated: decoding is not the training op),
+and operands outside that list (W = 1 or W > 8, D not a multiple of 8, fp64, a device cakeconv
+does not run on). ``delegation_reason`` says, for given arguments, which rule sends a call away
+(None: cakeconv runs it). A delegated call goes to causal-conv1d's own function when it is
+installed, x is on a CUDA device and its kernels take the operands (W of 2-4, fp32/fp16/bf16, a
+bias of the taps' dtype, its layout rules), else to ``torch_causal_conv1d_fn`` /
+``torch_causal_conv1d_update`` (the same results up to FP32 rounding). Delegated calls keep
+causal-conv1d's properties: its weight gradient is not bitwise repeatable.
 
 Layouts. x may have causal-conv1d's channel-last layout (``x.stride(1) == 1``, e.g. the
 ``[B, D, T]`` view ``x_BTD.transpose(1, 2)`` of a token-major tensor, what transformers and
@@ -81,6 +84,7 @@ import torch.nn.functional as F
 from .. import cake_causal_conv1d_det
 from ._devices import device_supported
 from ..cake_causal_conv1d_det_train_backend import checks
+from ..cake_causal_conv1d_det_train_backend.constants import MAX_WIDTH, MIN_WIDTH
 
 try:  # the CUDA build of torch: the current raw stream, cheaply
     from torch._C import _cuda_getCurrentRawStream
@@ -98,7 +102,7 @@ __all__ = [
     "dao_causal_conv1d",
 ]
 
-TAPS = 4  # cakeconv's width
+DAO_MAX_WIDTH = 4  # causal-conv1d's kernels take W = 2..4
 SILU_ACTIVATIONS = ("silu", "swish")
 ACTIVATIONS = (None, "silu", "swish")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -195,14 +199,12 @@ def delegation_reason(x, weight, bias=None, seq_idx=None, initial_states=None, r
     """
     W = weight.shape[1]
     D = x.shape[1]
-    if activation not in SILU_ACTIVATIONS:
-        return f"activation = {activation!r} (cakeconv fuses SiLU)"
     if initial_states is not None:
         return "initial_states given"
     if return_final_states:
         return "return_final_states = True"
-    if not 2 <= W <= TAPS:
-        return f"W = {W} (cakeconv runs W = 2, 3 or 4)"
+    if not MIN_WIDTH <= W <= MAX_WIDTH:
+        return f"W = {W} (cakeconv runs W = {MIN_WIDTH}..{MAX_WIDTH})"
     if D % 8 != 0:
         return f"D = {D} is not a multiple of 8"
     if x.dtype not in X_DTYPES:
@@ -296,22 +298,27 @@ def _channel_last(x_BDT: torch.Tensor) -> bool:
     return x_BDT.stride(1) == 1 and x_BDT.stride(2) > 1
 
 
-def _cake_fn(x_BDT, weight_DW, bias_D, seq_idx_BT, backend):
-    """y [B, D, T] = silu(conv) on cakeconv's op, in x's layout (module docstring)."""
+def _cake_activation(activation):
+    """causal-conv1d's ``activation`` (None, "silu" or "swish") as cakeconv's op takes it: "silu" or None."""
+    return "silu" if activation in SILU_ACTIVATIONS else None
+
+
+def _cake_fn(x_BDT, weight_DW, bias_D, seq_idx_BT, activation, backend):
+    """y [B, D, T] = act(conv) on cakeconv's op at the real width W, in x's layout (module docstring)."""
     B, D, T = x_BDT.shape
-    W = weight_DW.shape[1]
     channel_last = _channel_last(x_BDT) or T == 1
     x_BTD = x_BDT.transpose(1, 2)  # a view; rows of D channels
     if not channel_last:
         x_BTD = x_BTD.contiguous()
-    w_D4 = weight_DW if W == TAPS else F.pad(weight_DW, (TAPS - W, 0))  # leading zero taps
-    if w_D4.dtype == torch.float16:
-        w_D4 = w_D4.float()  # exact; autograd rounds dweight back to fp16 once
+    if weight_DW.dtype == torch.float16:
+        weight_DW = weight_DW.float()  # exact; autograd rounds dweight back to fp16 once
+    act = _cake_activation(activation)
     if seq_idx_BT is None:
-        y_BTD = cake_causal_conv1d_det(x_BTD, w_D4, bias_D, backend=backend)
+        y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, activation=act, backend=backend)
     else:
         cu_N1 = cu_seqlens_from_seq_idx(seq_idx_BT)
-        y_SD = cake_causal_conv1d_det(x_BTD.reshape(B * T, D), w_D4, bias_D, cu_seqlens=cu_N1, backend=backend)
+        y_SD = cake_causal_conv1d_det(x_BTD.reshape(B * T, D), weight_DW, bias_D, cu_seqlens=cu_N1,
+                                      activation=act, backend=backend)
         y_BTD = y_SD.view(B, T, D)
     y_BDT = y_BTD.transpose(1, 2)
     return y_BDT if channel_last else y_BDT.contiguous()
@@ -344,7 +351,7 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
         raise ValueError(f"backend must be one of {CAKE_BACKENDS}, got {backend!r}")
     if delegation_reason(x, weight, bias, seq_idx, initial_states, return_final_states, final_states_out,
                          activation) is None:
-        return _cake_fn(x, weight, bias, seq_idx, backend)
+        return _cake_fn(x, weight, bias, seq_idx, activation, backend)
     dao = dao_causal_conv1d() if x.is_cuda else None
     if dao is None or not _dao_takes(x, weight, bias, seq_idx is not None or initial_states is not None
                                      or return_final_states):
@@ -371,7 +378,7 @@ def _dao_takes(x, weight, bias, channel_last_only=False) -> bool:
     """Whether causal-conv1d 1.7.0's kernels take these operands (else its checks would raise):
     W of 2-4, fp32/fp16/bf16 x and taps, a bias of the taps' dtype, and for the channel-last layout
     (the only one with seq_idx or states) D and the strides multiples of 8."""
-    if not (2 <= weight.shape[1] <= TAPS and x.dtype in X_DTYPES and weight.dtype in PARAM_DTYPES):
+    if not (2 <= weight.shape[1] <= DAO_MAX_WIDTH and x.dtype in X_DTYPES and weight.dtype in PARAM_DTYPES):
         return False
     if bias is not None and bias.dtype != weight.dtype:
         return False

@@ -23,10 +23,14 @@ is imported when a call is delegated to it.
 Shape legend: B batch rows, T tokens per row, S packed tokens (S_local: this rank's), D channels
 (``hidden_size`` of the convolution), W taps (``kernel_size``), N sequences.
 
-What runs where. A call goes through cakeconv (bitwise deterministic forward and backward) when it
-is the training path, that is when ALL of these hold:
+What runs where: one rule. cakeconv (bitwise deterministic forward and backward) runs the training
+path, that is every call that carries no conv state and whose operands its op takes; every call
+that carries state, and every call with other operands, runs FLA's own code. In detail, cakeconv
+runs a call when ALL of these hold:
 
-- W == 4 and ``activation`` is ``"silu"`` or ``"swish"`` (the op fuses SiLU);
+- W (``kernel_size``, the weight's last dimension) from 2 to 8, at its real width;
+- ``activation`` None (the plain convolution), ``"silu"`` or ``"swish"`` (FLA's two names of SiLU,
+  fused);
 - no state: ``cache`` (module) / ``initial_state`` (function) is None and ``output_final_state``
   is False;
 - ``cp_context`` is None or an FLA context (``fla.ops.cp.FLACPContext``) of layout
@@ -41,8 +45,8 @@ Every other call is delegated unchanged to FLA's own code (``ShortConvolution.fo
 FLA's ``causal_conv1d``): decode steps and chunked prefill with a ``cache``, an
 ``initial_state``, ``output_final_state=True`` (as FLA's layers ask when ``use_cache`` is on, e.g.
 in ``generate`` or in an eval-mode forward of an ``fla.models`` model, whose ``config.use_cache``
-defaults to True), other widths, ``activation=None``, no weight, FP16 weights, x of other ranks
-(e.g. ``[B, T, H, K]``). ``delegation_reason`` (module) and ``causal_conv1d_delegation_reason``
+defaults to True), widths 1 or above 8, no weight, FP16 weights, x of other ranks (e.g.
+``[B, T, H, K]``). ``delegation_reason`` (module) and ``causal_conv1d_delegation_reason``
 (function) say, for given arguments, which rule sends a call to FLA (None: cakeconv runs it).
 
 Context parallelism. With an FLA context, x is this rank's ``[1, S_local, D]`` rows in FLA's local
@@ -57,10 +61,10 @@ FLA context without a group is run as FLA does: one rank, on the context's local
 
 Math of the cakeconv path, per sequence (rows before the sequence's first token read as zero;
 ``weight[d, W - 1]`` multiplies the current token, as in ``nn.Conv1d``; the module's weight is
-``[D, 1, W]``):
+``[D, 1, W]``; act is SiLU, or the identity with ``activation=None``):
 
-    y[t, d] = silu(bias[d] + sum_{k=0..3} weight[d, k] * x[t - 3 + k, d])      (FP32, rounded to x's dtype)
-    y[t, d] = y[t, d] + residual[t, d]                                         (when residual is given)
+    y[t, d] = act(bias[d] + sum_{k=0..W-1} weight[d, k] * x[t - (W - 1) + k, d])   (FP32, rounded to x's dtype)
+    y[t, d] = y[t, d] + residual[t, d]                                              (when residual is given)
 
 ``residual`` and ``mask`` are honoured as FLA does: ``mask`` (module only; [B, T], 1 keeps a
 token, 0 zeroes it; not allowed with ``cu_seqlens``) multiplies x IN PLACE before the convolution
@@ -86,6 +90,7 @@ import torch.nn as nn
 
 from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
 from ._devices import device_supported
+from ..cake_causal_conv1d_det_train_backend.constants import MAX_WIDTH, MIN_WIDTH
 from ..cake_causal_conv1d_det_train_backend.kcp.from_fla import FLA_CONTEXT_FIELDS, FLA_LAYOUTS
 
 # CakeShortConvolution is public too, but left out of __all__: it is built by importing fla, and
@@ -98,8 +103,8 @@ __all__ = [
     "swap_short_convolutions",
 ]
 
-KERNEL_SIZE = 4
 SILU_ACTIVATIONS = ("silu", "swish")
+ACTIVATIONS = (None, *SILU_ACTIVATIONS)
 CAKE_BACKENDS = ("auto", "triton", "reference")
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
@@ -140,6 +145,20 @@ def _check_cake_backend(cake_backend) -> None:
 
 
 
+def _width_activation_reason(W: int, activation) -> str | None:
+    """Why a width W and an activation send a call to FLA, or None (cakeconv computes them)."""
+    if not MIN_WIDTH <= W <= MAX_WIDTH:
+        return f"kernel_size = {W} (cakeconv runs W = {MIN_WIDTH}..{MAX_WIDTH})"
+    if activation not in ACTIVATIONS:
+        return f"activation = {activation!r} (cakeconv runs None, 'silu' and 'swish')"
+    return None
+
+
+def _cake_activation(activation):
+    """FLA's ``activation`` (None, "silu" or "swish") as cakeconv's op takes it: "silu" or None."""
+    return "silu" if activation in SILU_ACTIVATIONS else None
+
+
 def _cp_context_reason(cp_context) -> str | None:
     """Why a ``cp_context`` sends a call to FLA, or None (no context, or one cakeconv derives its own from)."""
     if cp_context is None:
@@ -173,8 +192,10 @@ def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.dtype == torch.float32 else t.float()
 
 
-def _cake_conv(x_BTD, weight_DW, bias_D, residual, cu_seqlens, cp_context, cake_backend):
+def _cake_conv(x_BTD, weight_DW, bias_D, residual, cu_seqlens, cp_context, activation, cake_backend):
     """The cakeconv path of the module and the function: y of x's shape and dtype (module docstring).
+
+    ``weight_DW`` is ``[D, W]``; ``activation`` is FLA's (None, "silu" or "swish").
 
     Raises:
         ValueError: ``cu_seqlens`` or ``cp_context`` with a batch of more than one row, or a
@@ -187,17 +208,19 @@ def _cake_conv(x_BTD, weight_DW, bias_D, residual, cu_seqlens, cp_context, cake_
     if residual is not None and (not isinstance(residual, torch.Tensor) or residual.shape != x_BTD.shape):
         shape = tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual).__name__
         raise ValueError(f"residual must have x's shape {tuple(x_BTD.shape)}, got {shape}")
+    act = _cake_activation(activation)
     if cp_context is None:
-        y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, cu_seqlens=cu_seqlens, backend=cake_backend)
+        y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, cu_seqlens=cu_seqlens, activation=act,
+                                       backend=cake_backend)
     elif cp_context.group is None:  # FLA runs a context without a group as one rank, on its local documents
         if cp_context.cu_seqlens is None:
             raise ValueError("the cp_context has neither a process group nor cu_seqlens")
         y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, cu_seqlens=cp_context.cu_seqlens.to(x_BTD.device),
-                                       backend=cake_backend)
+                                       activation=act, backend=cake_backend)
     else:
         kcp_context = KcpContext.from_fla(cp_context, device=x_BTD.device)
         y_BTD = cake_causal_conv1d_det_kcp(x_BTD, _fp32(weight_DW), kcp_context, bias=_fp32(bias_D),
-                                           backend=cake_backend)
+                                           activation=act, backend=cake_backend)
     if residual is not None:
         if residual.dtype == y_BTD.dtype:
             y_BTD = y_BTD + residual
@@ -235,9 +258,9 @@ class CakeShortConvolutionMixin:
 
         Args:
             hidden_size: D, the channels (input = output, one group per channel).
-            kernel_size: W; only W = 4 runs through cakeconv (other widths are delegated).
+            kernel_size: W; W = 2..8 run through cakeconv (other widths are delegated).
             bias: whether the convolution has a ``[D]`` bias.
-            activation: "silu"/"swish" (cakeconv path) or None (always delegated).
+            activation: "silu"/"swish" (SiLU) or None (no activation); all three run on cakeconv.
             backend: FLA's backend for the delegated calls ("triton" or "cuda"; ``FLA_CONV_BACKEND``
                 overrides it, as in FLA).
             device, dtype: of the parameters (``weight`` ``[D, 1, W]``, ``bias`` ``[D]``).
@@ -263,12 +286,10 @@ class CakeShortConvolutionMixin:
         Takes ``forward``'s arguments. Only the rules of the module docstring are checked here;
         user errors (e.g. ``mask`` with ``cu_seqlens``) are raised by ``forward``.
         """
-        W = self.kernel_size[0]
         D = self.in_channels
-        if W != KERNEL_SIZE:
-            return f"kernel_size = {W} (cakeconv implements W = 4)"
-        if self.activation not in SILU_ACTIVATIONS:
-            return f"activation = {self.activation!r} (cakeconv fuses SiLU)"
+        reason = _width_activation_reason(self.kernel_size[0], self.activation)
+        if reason is not None:
+            return reason
         if cache is not None:
             return "a cache is given (decode step or chunked prefill)"
         if output_final_state:
@@ -328,8 +349,9 @@ class CakeShortConvolutionMixin:
                 shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
                 raise ValueError(f"mask must be [B, T] = [{B}, {T}] for x of shape {tuple(x_BTD.shape)}, got {shape}")
             x_BTD = x_BTD.mul_(mask.unsqueeze(-1))  # in place, as ShortConvolution.forward
-        weight_DW = self.weight.reshape(D, KERNEL_SIZE)  # a view of the [D, 1, 4] parameter
-        return _cake_conv(x_BTD, weight_DW, self.bias, residual, cu_seqlens, cp_context, self.cake_backend)
+        weight_DW = self.weight.reshape(D, self.kernel_size[0])  # a view of the [D, 1, W] parameter
+        return _cake_conv(x_BTD, weight_DW, self.bias, residual, cu_seqlens, cp_context, self.activation,
+                          self.cake_backend)
 
 
 def cake_short_convolution_class(base: type | None = None) -> type:
@@ -438,11 +460,12 @@ def causal_conv1d_delegation_reason(x, weight=None, bias=None, residual=None, in
     """
     if weight is None:
         return "no weight (cakeconv is the convolution)"
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[-1] != KERNEL_SIZE:
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-        return f"weight of shape {shape} (cakeconv implements W = 4 taps, [D, 4])"
-    if activation not in SILU_ACTIVATIONS:
-        return f"activation = {activation!r} (cakeconv fuses SiLU)"
+        return f"weight of shape {shape} (cakeconv takes taps [D, W])"
+    reason = _width_activation_reason(weight.shape[-1], activation)
+    if reason is not None:
+        return reason
     if initial_state is not None:
         return "an initial_state is given"
     if output_final_state:
@@ -468,12 +491,12 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor | None = None, bias: tor
     Args:
         x: [B, T, D]; [1, S, D] packed with ``cu_seqlens``; with ``cp_context``, this rank's
             [1, S_local, D] rows in the context's local order.
-        weight: [D, 4] taps (FP32 or BF16 on the cakeconv path); ``weight[:, 3]`` multiplies the
-            current token.
+        weight: [D, W] taps, 2 <= W <= 8 on the cakeconv path (FP32 or BF16 there);
+            ``weight[:, W - 1]`` multiplies the current token.
         bias: optional [D].
         residual: optional, x's shape; added after the activation.
         initial_state, output_final_state: FLA's state input and output (delegated to FLA).
-        activation: "silu" or "swish" for the cakeconv path (None is delegated).
+        activation: None (no activation, FLA's default), "silu" or "swish"; all three run on cakeconv.
         backend: FLA's backend for the delegated calls ("triton", "cuda" or "mix").
         cu_seqlens: [N + 1] int32/int64 sequence boundaries on x's device, or None. With a
             ``cp_context`` it is overridden by the context, as in FLA.
@@ -506,4 +529,4 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor | None = None, bias: tor
                                     output_final_state=output_final_state, activation=activation, backend=backend,
                                     cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
                                     chunk_indices=chunk_indices, cp_context=cp_context, **kwargs)
-    return _cake_conv(x, weight, bias, residual, cu_seqlens, cp_context, cake_backend), None
+    return _cake_conv(x, weight, bias, residual, cu_seqlens, cp_context, activation, cake_backend), None

@@ -1,12 +1,35 @@
 """Hugging Face transformers' causal-conv1d calls on cakeconv, in one call: ``swap_causal_conv1d``.
 
 transformers' linear-attention and state-space layers (Qwen3-Next's and Qwen3.5's GatedDeltaNet,
-Mamba2, Falcon-Mamba, Jamba, Lfm2, Kimi-Linear, Olmo-Hybrid, ...) run their short convolution
-through Dao's ``causal_conv1d_fn`` when causal-conv1d is installed, else through a slower PyTorch
-path. ``swap_causal_conv1d(model)`` makes every such layer of a model call
+Mamba2, Falcon-Mamba, Jamba, LFM2, LFM3, the Inkling families, Kimi-Linear, Olmo-Hybrid, ...) run
+their short convolution through Dao's ``causal_conv1d_fn`` when causal-conv1d is installed, else
+through a slower PyTorch path. ``swap_causal_conv1d(model)`` makes every such layer of a model call
 ``cakeconv.integrations.dao.causal_conv1d_fn`` instead (deterministic, and faster than both; see
-that module for what runs on cakeconv and what it delegates). It never imports transformers: it
+that module for what runs on cakeconv and what it delegates: every width from 2 to 8, with SiLU or
+without an activation, runs on cakeconv at its real width). It never imports transformers: it
 finds the call sites in the model's modules.
+
+What reaches cakeconv, in transformers 5.25. Each of the 25 modeling files that call the short
+convolution (Bailing-Hybrid, Bamba, Falcon-H1, Falcon-Mamba, GLM-5-Next, GraniteMoeHybrid,
+Inkling, Inkling2, Inkling2-Loop, Jamba, Kimi-Linear, Lara-Mini, LFM2, LFM2-MoE, LFM3, Mamba,
+Mamba2, NemotronH, Olmo-Hybrid, Qwen3.5, Qwen3.5-MoE, Qwen3-Next, Qwen4-Exp, Zamba, Zamba2; the
+language models of LFM2-VL and LFM3-VL are LFM2 and LFM3) routes it through one function of the
+module, ``causal_conv1d_forward(conv1d, hidden_states, cache, layer_idx, activation=...,
+**kwargs)``. That function calls ``causal_conv1d_fn`` (Dao's function, or transformers' PyTorch
+fallback: ``F.conv1d`` with the layer's ``nn.Conv1d`` taps, then the activation) for every call
+but a one-token decode step with a cache, which calls ``causal_conv1d_update``. So the swap
+reaches the PyTorch path as well as Dao's by replacing the function, not the ``nn.Conv1d``
+module; with a cache (prefill, chunked prefill) the cache prepends the conv state to x and the
+call still runs on cakeconv. The width and the activation are the layer's own: LFM2 and LFM2-MoE
+W = 3 and LFM3 W = 7, the Inkling families W = 4 (four convolutions per layer), all three without
+an activation; the others mostly W = 4 with SiLU (``config.hidden_act``). What is not reached: the
+one-token decode step (conv state is delegated, see ``cakeconv.integrations.dao``); the fused
+training kernels of mamba_ssm (``mamba_split_conv1d_scan_combined``, ``mamba_inner_fn``), which
+the Mamba-style layers (Mamba, Mamba2, Bamba, Falcon-H1, GraniteMoeHybrid, NemotronH, Zamba2)
+call first when mamba_ssm is installed and x is on a GPU, and which compute the convolution inside
+them (without them those layers take the path above); and Qwen4-Exp's second, dilated
+convolution, which calls its ``nn.Conv1d`` directly (a dilated convolution is not cakeconv's op;
+neither is LFM3-VL's vision tower's 2D convolution).
 
 transformers holds the function in one of three ways, and the swap handles each:
 
@@ -43,8 +66,8 @@ In the second and third forms the layer passes its keyword arguments on (``**kwa
 ``TransformersKwargs``): ``seq_idx`` there (e.g. from ``DataCollatorWithFlattening(
 return_seq_idx=True)``) keeps packed documents apart in the convolution, as with Dao's function;
 other keys are ignored, as transformers does for Dao's function. A call with an activation that
-causal-conv1d does not take (its PyTorch fallback takes any of transformers' activations) goes to
-transformers' own function unchanged.
+causal-conv1d does not take (None, "silu" and "swish" are what it takes; transformers' PyTorch
+fallback takes any of transformers' activations) goes to transformers' own function unchanged.
 
 Parameters, buffers, ``state_dict`` keys, hooks and the training mode are untouched, so an
 optimizer built before the swap keeps working, and checkpoints load either way. A swapped model
