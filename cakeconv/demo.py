@@ -1,7 +1,8 @@
 """The demo: ``python -m cakeconv demo``.
 
 1. Single rank: a random packed batch with short (1-3 token, even empty) and long documents,
-   forward and backward with each backend, checked against the float64 oracle; one line each.
+   forward and backward with each backend, checked against the float64 oracle; one line each, for
+   the seed's width 4 with SiLU and for LFM2's and LFM3's convs (W = 3 and 7, no activation).
 2. Context parallel: N ranks (default 4; gloo on the CPU, NCCL when N GPUs are visible) run every
    layout on a random packed batch, each rank checks its y and dx against the single-rank op of
    the whole batch, and the table says whether every rank was bitwise equal.
@@ -28,8 +29,8 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _random_batch(S: int, C: int, seed: int, device="cpu", dtype=torch.bfloat16):
-    """x, dy [S, C], taps [C, 4], bias [C] and cu_seqlens with empty, 1-3 token and long documents."""
+def _random_batch(S: int, C: int, seed: int, device="cpu", dtype=torch.bfloat16, width=4):
+    """x, dy [S, C], taps [C, width], bias [C] and cu_seqlens with empty, 1-3 token and long documents."""
     g = torch.Generator().manual_seed(seed)
     cuts = [0]
     while cuts[-1] < S:
@@ -39,7 +40,7 @@ def _random_batch(S: int, C: int, seed: int, device="cpu", dtype=torch.bfloat16)
     cu = torch.tensor(cuts, dtype=torch.int32, device=device)
     x = torch.randn(S, C, generator=g).to(dtype).to(device)
     dy = torch.randn(S, C, generator=g).to(dtype).to(device)
-    w = (torch.randn(C, 4, generator=g) * 0.5).to(device)
+    w = (torch.randn(C, width, generator=g) * 0.5).to(device)
     b = (torch.randn(C, generator=g) * 0.5).to(device)
     return x, dy, w, b, cu
 
@@ -50,39 +51,46 @@ def _rel(a, ref):
     return (a - ref).abs().max().item() / max(1.0, ref.abs().max().item())
 
 
+# (width, activation) of the single-rank checks: the seed's conv, LFM2's and LFM3's
+SINGLE_RANK_CONVS = ((4, "silu"), (3, None), (7, None))
+
+
 def single_rank_demo(S: int, C: int, device: str) -> bool:
     from . import cake_causal_conv1d_det
-    from .oracle import causal_conv1d_silu_oracle, causal_conv1d_silu_oracle_backward
+    from .oracle import causal_conv1d_oracle, causal_conv1d_oracle_backward
 
-    x, dy, w, b, cu = _random_batch(S, C, seed=0, device=device)
-    n_docs = cu.numel() - 1
-    lens = (cu[1:] - cu[:-1]).tolist()
-    _say(f"[1/2] single rank: S={S} tokens, C={C} channels, {n_docs} documents "
-         f"({sum(1 for n in lens if n == 0)} empty, {sum(1 for n in lens if 1 <= n <= 3)} of 1-3 tokens, "
-         f"longest {max(lens)}), bf16 x, FP32 taps and bias, device {device}")
-    y_o = causal_conv1d_silu_oracle(x, w, b, cu)
-    dx_o, dw_o, db_o = causal_conv1d_silu_oracle_backward(dy, x, w, b, cu)
     ok_all = True
-    for backend in ("reference", "triton"):
-        t0 = time.perf_counter()
-        xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
-        y = cake_causal_conv1d_det(xg, wg, bg, cu_seqlens=cu, backend=backend)
-        y.backward(dy)
-        # a second call must give the same bits
-        xg2 = x.clone().requires_grad_(True)
-        y2 = cake_causal_conv1d_det(xg2, w, b, cu_seqlens=cu, backend=backend)
-        y2.backward(dy)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        errs = dict(y=_rel(y, y_o), dx=_rel(xg.grad, dx_o), dw=_rel(wg.grad, dw_o), db=_rel(bg.grad, db_o))
-        ok = errs["y"] < 8e-3 and errs["dx"] < 8e-3 and errs["dw"] < 2e-5 and errs["db"] < 2e-5
-        same = torch.equal(y, y2) and torch.equal(xg.grad, xg2.grad)
-        ok_all &= ok and same
-        where = "interpreted on the CPU" if backend == "triton" and device == "cpu" else device
-        _say(f"      {backend:9s} ({where}): max rel. error vs float64 oracle  y {errs['y']:.1e}  dx {errs['dx']:.1e}  "
-             f"dweight {errs['dw']:.1e}  dbias {errs['db']:.1e}  | repeat bitwise {'yes' if same else 'NO'}  | "
-             f"{'OK' if ok and same else 'FAILED'}  ({dt:.1f} s)")
+    for W, act in SINGLE_RANK_CONVS:
+        x, dy, w, b, cu = _random_batch(S, C, seed=0, device=device, width=W)
+        if W == SINGLE_RANK_CONVS[0][0]:
+            n_docs = cu.numel() - 1
+            lens = (cu[1:] - cu[:-1]).tolist()
+            _say(f"[1/2] single rank: S={S} tokens, C={C} channels, {n_docs} documents "
+                 f"({sum(1 for n in lens if n == 0)} empty, {sum(1 for n in lens if 1 <= n <= 3)} of 1-3 tokens, "
+                 f"longest {max(lens)}), bf16 x, FP32 taps and bias, device {device}")
+        y_o = causal_conv1d_oracle(x, w, b, cu, act)
+        dx_o, dw_o, db_o = causal_conv1d_oracle_backward(dy, x, w, b, cu, act)
+        for backend in ("reference", "triton"):
+            t0 = time.perf_counter()
+            xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
+            y = cake_causal_conv1d_det(xg, wg, bg, cu_seqlens=cu, activation=act, backend=backend)
+            y.backward(dy)
+            # a second call must give the same bits
+            xg2 = x.clone().requires_grad_(True)
+            y2 = cake_causal_conv1d_det(xg2, w, b, cu_seqlens=cu, activation=act, backend=backend)
+            y2.backward(dy)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            errs = dict(y=_rel(y, y_o), dx=_rel(xg.grad, dx_o), dw=_rel(wg.grad, dw_o), db=_rel(bg.grad, db_o))
+            ok = errs["y"] < 8e-3 and errs["dx"] < 8e-3 and errs["dw"] < 2e-5 and errs["db"] < 2e-5
+            same = torch.equal(y, y2) and torch.equal(xg.grad, xg2.grad)
+            ok_all &= ok and same
+            where = "interpreted on the CPU" if backend == "triton" and device == "cpu" else device
+            conv = f"W={W} {act or 'none'}"
+            _say(f"      {conv:10s} {backend:9s} ({where}): max rel. error vs float64 oracle  y {errs['y']:.1e}  "
+                 f"dx {errs['dx']:.1e}  dweight {errs['dw']:.1e}  dbias {errs['db']:.1e}  | repeat bitwise "
+                 f"{'yes' if same else 'NO'}  | {'OK' if ok and same else 'FAILED'}  ({dt:.1f} s)")
     return ok_all
 
 
