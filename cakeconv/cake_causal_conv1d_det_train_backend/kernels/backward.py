@@ -145,42 +145,42 @@ def _acc_row(accs, accb, g, win, inside, DB: tl.constexpr):
 
 
 @triton.jit
-def dirty_steps(seg, p0, S, R: tl.constexpr, SUB: tl.constexpr, H: tl.constexpr):
+def dirty_steps(seg, p0, S, R: tl.constexpr, SUB: tl.constexpr, H: tl.constexpr, STEP: tl.constexpr):
     """Bits (int64) of the loop steps of a FEW masked program that need the masked body.
 
-    Step k reads rows t .. t + H + 3 of every leaf r (t = p0 + r * SUB + 4k) and writes rows
-    t .. t + 3. It needs the masked body when a boundary c_j of ``seg`` lies in (t, t + H + 3] (a
-    row it writes and a row it reads are in different segments), or when row t + H + 3 of the last
-    leaf is at or past S. Every other step sees one segment in all its rows, where the unmasked
-    body computes the same bits.
+    Step k reads rows t .. t + H + STEP - 1 of every leaf r (t = p0 + r * SUB + STEP k) and writes
+    rows t .. t + STEP - 1. It needs the masked body when a boundary c_j of ``seg`` lies in
+    (t, t + H + STEP - 1] (a row it writes and a row it reads are in different segments), or when
+    row t + H + STEP - 1 of the last leaf is at or past S. Every other step sees one segment in all
+    its rows, where the unmasked body computes the same bits.
     """
     d_lo, d_hi, n_iter, c0, c1, c2, c3, c4 = seg
-    bits = _boundary_steps(c1, p0, R, SUB, H)
-    bits |= _boundary_steps(c2, p0, R, SUB, H)
-    bits |= _boundary_steps(c3, p0, R, SUB, H)
-    bits |= _boundary_steps(c4, p0, R, SUB, H)
-    # steps k with p0 + (R - 1) * SUB + 4k + H + 3 >= S, i.e. k >= ceil(m / 4)
-    m = S - p0 - (R - 1) * SUB - (H + 3)
-    k_s = ((tl.minimum(tl.maximum(m, 0), SUB) + 3) // 4).to(tl.int64)
+    bits = _boundary_steps(c1, p0, R, SUB, H, STEP)
+    bits |= _boundary_steps(c2, p0, R, SUB, H, STEP)
+    bits |= _boundary_steps(c3, p0, R, SUB, H, STEP)
+    bits |= _boundary_steps(c4, p0, R, SUB, H, STEP)
+    # steps k with p0 + (R - 1) * SUB + STEP k + H + STEP - 1 >= S, i.e. k >= ceil(m / STEP)
+    m = S - p0 - (R - 1) * SUB - (H + STEP - 1)
+    k_s = ((tl.minimum(tl.maximum(m, 0), SUB) + (STEP - 1)) // STEP).to(tl.int64)
     one = tl.full((), 1, tl.int64)
-    all_bits = (one << (SUB // 4)) - 1
+    all_bits = (one << (SUB // STEP)) - 1
     return bits | (all_bits - ((one << k_s) - 1))
 
 
 @triton.jit
-def _boundary_steps(c, p0, R: tl.constexpr, SUB: tl.constexpr, H: tl.constexpr):
-    """Bits of the steps k (t = p0 + r * SUB + 4k, some leaf r) with t < c <= t + H + 3."""
+def _boundary_steps(c, p0, R: tl.constexpr, SUB: tl.constexpr, H: tl.constexpr, STEP: tl.constexpr):
+    """Bits of the steps k (t = p0 + r * SUB + STEP k, some leaf r) with t < c <= t + H + STEP - 1."""
     one = tl.full((), 1, tl.int64)
     bits = one * 0
     for r in tl.static_range(R):
-        # int64, and k clamped into [0, SUB / 4] before shifting: a far boundary (INT_MAX past
+        # int64, and k clamped into [0, SUB / STEP] before shifting: a far boundary (INT_MAX past
         # cu[N]) must neither overflow nor shift by 64 or more (undefined, even where unselected)
         rel = c.to(tl.int64) - p0 - r * SUB
-        lo = rel - (H + 3)  # 4k in [lo, hi]
+        lo = rel - (H + STEP - 1)  # STEP k in [lo, hi]
         hi = rel - 1
-        k_lo = (tl.minimum(tl.maximum(lo, 0), SUB) + 3) // 4
-        k_hi = tl.minimum(tl.maximum(hi, 0), SUB - 4) // 4
-        hit = (hi >= 0) & (lo <= SUB - 4) & (k_lo <= k_hi)
+        k_lo = (tl.minimum(tl.maximum(lo, 0), SUB) + (STEP - 1)) // STEP
+        k_hi = tl.minimum(tl.maximum(hi, 0), SUB - STEP) // STEP
+        hit = (hi >= 0) & (lo <= SUB - STEP) & (k_lo <= k_hi)
         bits |= tl.where(hit, (one << (k_hi + 1)) - (one << k_lo), 0)
     return bits
 
@@ -190,11 +190,11 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
               cols, cmask, sdx, S, C, n_seg, seq_len, seg, ids,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
               FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr, ACT: tl.constexpr,
-              BOUNDS: tl.constexpr = True, DB: tl.constexpr = True):
-    """One loop step of _bwd_run: g of rows t+H .. t+H+3 (``xs``: x rows t .. t+H+3, ``dys``: dy
-    rows t+H .. t+H+3), their dweight/dbias terms (rows inside the leaf only), and dx of rows
-    t .. t+3 from g[t .. t+H+3] (``gs``, ``ds``, ``es``: g, segment and segment end of the carried
-    rows t .. t+H-1).
+              STEP: tl.constexpr, BOUNDS: tl.constexpr = True, DB: tl.constexpr = True):
+    """One loop step of _bwd_run (STEP = 4 rows, 8 from W = 6 on; below, STEP = 4): g of rows
+    t+H .. t+H+3 (``xs``: x rows t .. t+H+3, ``dys``: dy rows t+H .. t+H+3), their dweight/dbias
+    terms (rows inside the leaf only), and dx of rows t .. t+3 from g[t .. t+H+3] (``gs``, ``ds``,
+    ``es``: g, segment and segment end of the carried rows t .. t+H-1).
 
     Returns the accumulators and g, d, end of rows t .. t+H+3 (the caller carries rows t+4 ..).
     RECOMPUTE (FEW masked steps of STEP_BRANCH programs): (d, end) of the carried rows that dx
@@ -208,10 +208,12 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
     H: tl.constexpr = W - 1
     IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
     if IDS:
-        segs = ids_windows(ids, 4, H)
+        segs = ids_windows(ids, STEP, H)
     else:
-        segs = (seg, seg, seg, seg)
-    for k in tl.static_range(4):
+        segs = ()
+        for k in tl.static_range(STEP):
+            segs = segs + (seg,)
+    for k in tl.static_range(STEP):
         win = ()
         for m in tl.static_range(W):
             win = win + (xs[k + m],)
@@ -226,7 +228,7 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
         rds = ()
         res = ()
         for k in tl.static_range(H):
-            if k < 4:
+            if k < STEP:
                 dk, _, ek = segment_of_rows(cu_ptr, row_offset(t, k), seg, n_seg, seq_len, HAS_CU, True)
             else:
                 dk = ds[k]
@@ -235,7 +237,7 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
             res = res + (ek,)
         ds = rds + ds[H:]
         es = res + es[H:]
-    for k in tl.static_range(4):
+    for k in tl.static_range(STEP):
         gwin = ()
         for m in tl.static_range(W):
             gwin = gwin + (gs[k + m],)
@@ -280,6 +282,9 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     """
     W: tl.constexpr = len(ws)
     H: tl.constexpr = W - 1
+    # Rows per step: 4, or 8 when the H carried rows outnumber 4 (W >= 6): Triton software-pipelines
+    # the loads only when each loaded row is used in its own step and the next alone.
+    STEP: tl.constexpr = 4 + 4 * (H > 4)
     # x rows rows0 - H .. rows0 + H - 1, dy rows rows0 .. rows0 + H - 1
     xs = ()
     for j in tl.static_range(2 * H):
@@ -323,45 +328,47 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
     dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
     if MASKED and FEW and STEP_BRANCH:
-        dirty = dirty_steps(seg, p0, S, R, SUB, H)
-    for i in tl.range(0, SUB, 4, num_stages=STAGES):
+        dirty = dirty_steps(seg, p0, S, R, SUB, H, STEP)
+    for i in tl.range(0, SUB, STEP, num_stages=STAGES):
         t = rows0 + i
         xp = x_base + i * sx
         dyp = dy_base + i * sdy
         new_x = ()
-        for k in tl.static_range(4):
+        for k in tl.static_range(STEP):
             new_x = new_x + (load_at(xp + (H + k) * sx, row_offset(t, H + k), cmask, S, MASKED and BOUNDS),)
         new_dy = ()
-        for k in tl.static_range(4):
+        for k in tl.static_range(STEP):
             new_dy = new_dy + (load_at(dyp + (H + k) * sdy, row_offset(t, H + k), cmask, S, MASKED and BOUNDS),)
-        ia, ib, ic, i_d = load_ids4(cu_ptr, t, n_seg, seq_len, ids[0], H, IDS, BOUNDS)
-        all_ids = ids + (ia, ib, ic, i_d)
+        new_ids = ()
+        for k in tl.static_range(0, STEP, 4):
+            new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, ids[0], H + k, IDS, BOUNDS)
+        all_ids = ids + new_ids
         all_x = xs + new_x
         gs, ds, es = _split_rows(carried)
         if MASKED and FEW and STEP_BRANCH:
             # Few segments: only the steps next to a boundary (or reaching row S) take the masked
             # body; the others run the unmasked one, which computes the same bits there.
-            if ((dirty >> (i // 4)) & 1) == 0:
+            if ((dirty >> (i // STEP)) & 1) == 0:
                 accs, accb, all_g, all_d, all_e = _bwd_step(
                     all_x, new_dy, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, hist_ptr, fut_ptr,
                     cols, cmask, sdx, S, C, n_seg, seq_len, seg, all_ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB,
-                    True, ACT, BOUNDS, DB)
+                    True, ACT, STEP, BOUNDS, DB)
             else:
                 accs, accb, all_g, all_d, all_e = _bwd_step(
                     all_x, new_dy, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, hist_ptr, fut_ptr,
                     cols, cmask, sdx, S, C, n_seg, seq_len, seg, all_ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB,
-                    True, ACT, BOUNDS, DB)
+                    True, ACT, STEP, BOUNDS, DB)
         else:
             accs, accb, all_g, all_d, all_e = _bwd_step(
                 all_x, new_dy, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, hist_ptr, fut_ptr,
                 cols, cmask, sdx, S, C, n_seg, seq_len, seg, all_ids, HAS_CU, HAS_HIST, HAS_FUT, MASKED, FEW, SUB,
-                False, ACT, BOUNDS, DB)
-        xs = all_x[4:]
-        ids = all_ids[4:]
+                False, ACT, STEP, BOUNDS, DB)
+        xs = all_x[STEP:]
+        ids = all_ids[STEP:]
         if not (FEW and STEP_BRANCH) and not IDS:
-            carried = _join_rows(all_g[4:], all_d[4:], all_e[4:])
+            carried = _join_rows(all_g[STEP:], all_d[STEP:], all_e[STEP:])
         else:  # those recompute (d, end) of their rows: nothing of theirs to carry
-            carried = _join_rows(all_g[4:], ds, es)
+            carried = _join_rows(all_g[STEP:], ds, es)
     return accs, accb
 
 

@@ -57,20 +57,23 @@ def _fwd_row(yp, t, win, b, ws, cu_ptr, hist_ptr, cols, cmask, S, C, n_seg, seq_
 @triton.jit
 def _fwd_step(yp, t, rows, b, ws, cu_ptr, hist_ptr, cols, cmask, sy, S, C, n_seg, seq_len, seg, ids,
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
-              BOUNDS: tl.constexpr, ACT: tl.constexpr):
-    """Outputs of rows t .. t + 3 from the H + 4 rows t - H .. t + 3 (``rows``, a tuple).
+              BOUNDS: tl.constexpr, ACT: tl.constexpr, STEP: tl.constexpr):
+    """Outputs of rows t .. t + STEP - 1 from the H + STEP rows t - H .. t + STEP - 1 (``rows``, a
+    tuple).
 
-    ``ids``: the segment indices of rows t - H .. t + 3 in a many-segment program with per-token
+    ``ids``: the segment indices of those rows in a many-segment program with per-token
     indices (HAS_CU == SEGMENT_IDS, not FEW); each row then gets its own window of them (the
-    forward reads only the rows before: the entries past t + 3 are never used).
+    forward reads only the rows before: the entries past the last row are never used).
     """
     W: tl.constexpr = len(ws)
     H: tl.constexpr = W - 1
     if MASKED and (not FEW) and HAS_CU == SEGMENT_IDS:
-        segs = ids_windows(ids, 4, H)
+        segs = ids_windows(ids, STEP, H)
     else:
-        segs = (seg, seg, seg, seg)
-    for k in tl.static_range(4):
+        segs = ()
+        for k in tl.static_range(STEP):
+            segs = segs + (seg,)
+    for k in tl.static_range(STEP):
         win = ()
         for m in tl.static_range(W):
             win = win + (rows[k + m],)
@@ -87,15 +90,18 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
              seg, b, ws,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr, SUB: tl.constexpr,
              STAGES: tl.constexpr, ACT: tl.constexpr, BOUNDS: tl.constexpr = True):
-    """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, four rows per step.
+    """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, STEP rows per step.
 
     STAGES > 1 lets Triton software-pipeline the loop: the loads of the next STAGES - 1 steps go to
     shared memory (cp.async) while this step computes, holding no registers while in flight.
     BOUNDS (masked programs near either end of the rows): rows outside [0, S) read as zero and
     are not stored; without it every row the program touches lies inside, and nothing is checked.
-    The H rows before the step's four are carried from step to step (a tuple of tiles).
+    The H rows before the step's are carried from step to step (a tuple of tiles). Triton pipelines
+    the loads only when a loaded row lives in its own step and the next one alone, so a step takes
+    at least H rows: STEP = 4 up to W = 5, 8 above.
     """
     H: tl.constexpr = len(ws) - 1
+    STEP: tl.constexpr = 4 + 4 * (H > 4)
     hist = ()
     for j in tl.static_range(H):
         hist = hist + (load_rows(x_ptr, rows0 - (H - j), sx, cols, cmask, S, MASKED and BOUNDS),)
@@ -110,20 +116,24 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
             hist_ids = hist_ids + (load_ids(cu_ptr, rows0 - (H - j), n_seg, seq_len, BOUNDS),)
         else:
             hist_ids = hist_ids + (rows0 * 0,)
-    for i in tl.range(0, SUB, 4, num_stages=STAGES):
+    for i in tl.range(0, SUB, STEP, num_stages=STAGES):
         t = rows0 + i
         xp = x_base + i * sx
-        xa = load_at(xp, t, cmask, S, MASKED and BOUNDS)
-        xb = load_at(xp + sx, t + 1, cmask, S, MASKED and BOUNDS)
-        xc = load_at(xp + 2 * sx, t + 2, cmask, S, MASKED and BOUNDS)
-        xd = load_at(xp + 3 * sx, t + 3, cmask, S, MASKED and BOUNDS)
-        ia, ib, ic, i_d = load_ids4(cu_ptr, t, n_seg, seq_len, hist_ids[0], 0, IDS, BOUNDS)
-        rows = hist + (xa, xb, xc, xd)
-        ids = hist_ids + (ia, ib, ic, i_d)
+        new_x = ()
+        for k in tl.static_range(STEP):
+            if k == 0:
+                new_x = new_x + (load_at(xp, t, cmask, S, MASKED and BOUNDS),)
+            else:
+                new_x = new_x + (load_at(xp + k * sx, row_offset(t, k), cmask, S, MASKED and BOUNDS),)
+        new_ids = ()
+        for k in tl.static_range(0, STEP, 4):
+            new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, hist_ids[0], k, IDS, BOUNDS)
+        rows = hist + new_x
+        ids = hist_ids + new_ids
         _fwd_step(y_base + i * sy, t, rows, b, ws, cu_ptr, hist_ptr, cols, cmask, sy, S, C, n_seg, seq_len, seg, ids,
-                  HAS_CU, HAS_HIST, MASKED, FEW, BOUNDS, ACT)
-        hist = rows[4:]
-        hist_ids = ids[4:]
+                  HAS_CU, HAS_HIST, MASKED, FEW, BOUNDS, ACT, STEP)
+        hist = rows[STEP:]
+        hist_ids = ids[STEP:]
 
 
 @triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len"])

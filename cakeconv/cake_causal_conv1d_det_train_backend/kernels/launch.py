@@ -344,6 +344,7 @@ def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtyp
     assert S > 0
     n_seg, T = _segments(S, n_cu, seq_len)
     cfg = config or tuning.pick_fwd_config(C, x_dtype.itemsize, INTERPRET, width=width)
+    assert cfg.SUB % (8 if width >= 6 else 4) == 0, "a sub-run is whole row-loop steps (8 rows from W = 6)"
     grid = (cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1)
 
     def variant(has_cu, cu_t):
