@@ -266,7 +266,8 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     """Walk R leaves from rows0 ([R]); returns the W + 1 [R, BC] accumulators (one row per leaf):
     the tuple of the W taps' and the bias's.
 
-    Step i (rows t = rows0 + i .. t + 3) loads x and dy of rows t+H..t+H+3, computes g of those
+    Step i (rows t = rows0 + i .. t + 3; with STEP = 8 rows, from W = 6 on, read t + 7 and
+    t+H+7 for t + 3 and t+H+3 below) loads x and dy of rows t+H..t+H+3, computes g of those
     rows and adds their dweight/dbias terms (rows inside the leaf only), then stores dx of rows
     t..t+3 from g[t..t+H+3]. Rows are added to the accumulators in row order (rows0, rows0 + 1, ...),
     the leaf's fixed order. A loaded row is used in its own step and the next ones only while it is

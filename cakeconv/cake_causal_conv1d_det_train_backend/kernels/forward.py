@@ -6,9 +6,9 @@ y = silu(pre), ACT = 0: y = pre.
 
 Design (a sliding window): a program owns R * SUB consecutive rows and BC channels, cut into R
 sub-runs of SUB rows walked side by side, so each register tile [R, BC] holds one row of every
-sub-run. Each step loads four new rows per sub-run (16-byte accesses, four loads in flight),
-computes four outputs from the last H + 4 rows kept in registers (a tuple of tiles), and stores
-them; with STAGES > 1 Triton software-pipelines the loop (the next steps' rows arrive in shared
+sub-run. Each step loads STEP new rows per sub-run (16-byte accesses, STEP loads in flight; STEP =
+4, or 8 from W = 6 on), computes STEP outputs from the last H + STEP rows kept in registers (a
+tuple of tiles), and stores them; with STAGES > 1 Triton software-pipelines the loop (the next steps' rows arrive in shared
 memory via cp.async while this step computes). Every element goes through the same FMA sequence
 whatever R, SUB, BC or warps are, so tuning never changes bits.
 """
