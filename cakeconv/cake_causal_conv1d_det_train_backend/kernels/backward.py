@@ -42,6 +42,7 @@ from .common import (
     window_has_boundary,
     halo_tap,
     load_rows,
+    repeated,
     row_offset,
     load_window,
     row_list_setup,
@@ -210,13 +211,9 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
     if IDS:
         segs = ids_windows(ids, STEP, H)
     else:
-        segs = ()
-        for k in tl.static_range(STEP):
-            segs = segs + (seg,)
+        segs = repeated(seg, STEP)
     for k in tl.static_range(STEP):
-        win = ()
-        for m in tl.static_range(W):
-            win = win + (xs[k + m],)
+        win = xs[k:k + W]
         g, dk, sk, ek, win = bwd_g_rows(win, dys[k], row_offset(t, H + k), b, ws, cu_ptr, hist_ptr,
                                         cols, cmask, C, n_seg, seq_len, segs[k], HAS_CU, HAS_HIST, MASKED, FEW, ACT)
         accs, accb = _acc_row(accs, accb, g, win, i + (H + k) < SUB, DB)
@@ -238,17 +235,10 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
         ds = rds + ds[H:]
         es = res + es[H:]
     for k in tl.static_range(STEP):
-        gwin = ()
-        for m in tl.static_range(W):
-            gwin = gwin + (gs[k + m],)
-        if k == 0:
-            dxk = dxp
-        else:
-            dxk = dxp + k * sdx
+        gwin = gs[k:k + W]
+        dxk = row_offset(dxp, k * sdx)
         if IDS:  # dx_rows compares the indices of rows t+k .. t+k+H itself
-            iwin = ()
-            for m in tl.static_range(W):
-                iwin = iwin + (ids[k + m],)
+            iwin = ids[k:k + W]
             dx_rows(dxk, row_offset(t, k), gwin, ids[k], iwin, ws, fut_ptr, cols, cmask, sdx, S, C, n_seg,
                     HAS_FUT, MASKED, True, BOUNDS)
         else:
@@ -317,9 +307,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     # loop-carried values then come in the order of the width-4 code, which kept g0, d0, e0, g1, ...)
     carried = ()
     for k in tl.static_range(H):
-        win = ()
-        for m in tl.static_range(W):
-            win = win + (xs[k + m],)
+        win = xs[k:k + W]
         g, dk, sk, ek, win = bwd_g_rows(win, dys[k], row_offset(rows0, k), b, ws, cu_ptr, hist_ptr,
                                         cols, cmask, C, n_seg, seq_len, segs[k], HAS_CU, HAS_HIST, MASKED, FEW, ACT)
         accs, accb = _acc_row(accs, accb, g, win, True, DB)
@@ -651,9 +639,7 @@ def cake_conv_bwd_dx_rows_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hi
     seg = segment_window(cu_ptr, n_seg, 0, n_seg - 1, S, True)
     gs = ()
     for k in tl.static_range(W):
-        win = ()
-        for m in tl.static_range(W):
-            win = win + (xs[k + m],)
+        win = xs[k:k + W]
         g, dk, sk, ek, _ = bwd_g_rows(win, dys[k], row_offset(t, k), b, ws, cu_ptr, hist_ptr, cols, cmask,
                                       C, n_seg, S, seg, True, True, True, False, ACT)
         gs = gs + (g,)

@@ -408,9 +408,18 @@ def load_window(ptr, t, stride, cols, cmask, S, LO: tl.constexpr, N: tl.constexp
 
 
 @triton.jit
+def repeated(v, N: tl.constexpr):
+    """The tuple (v, v, ..., v) of N entries."""
+    out = ()
+    for _ in tl.static_range(N):
+        out = out + (v,)
+    return out
+
+
+@triton.jit
 def row_offset(t, K: tl.constexpr):
-    """Rows t + K for a compile-time K, written t - |K| when K < 0 (the subtraction the width-4
-    code wrote, so that its PTX stays the same)."""
+    """t + K for a compile-time K (rows t, or pointers moved by K elements): t itself when K = 0,
+    t - |K| when K < 0 (what the width-4 code wrote, so that its PTX stays the same)."""
     if K < 0:
         return t - (0 - K)
     elif K == 0:

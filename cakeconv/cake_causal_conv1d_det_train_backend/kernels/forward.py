@@ -33,6 +33,7 @@ from .common import (
     segment_window,
     act_out,
     ids_windows,
+    repeated,
     row_offset,
     store_at,
     load_at,
@@ -70,17 +71,10 @@ def _fwd_step(yp, t, rows, b, ws, cu_ptr, hist_ptr, cols, cmask, sy, S, C, n_seg
     if MASKED and (not FEW) and HAS_CU == SEGMENT_IDS:
         segs = ids_windows(ids, STEP, H)
     else:
-        segs = ()
-        for k in tl.static_range(STEP):
-            segs = segs + (seg,)
+        segs = repeated(seg, STEP)
     for k in tl.static_range(STEP):
-        win = ()
-        for m in tl.static_range(W):
-            win = win + (rows[k + m],)
-        if k == 0:
-            yk = yp
-        else:
-            yk = yp + k * sy
+        win = rows[k:k + W]
+        yk = row_offset(yp, k * sy)
         _fwd_row(yk, row_offset(t, k), win, b, ws, cu_ptr, hist_ptr, cols, cmask, S, C, n_seg, seq_len, segs[k],
                  HAS_CU, HAS_HIST, MASKED, FEW, ACT, BOUNDS)
 
@@ -121,10 +115,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         xp = x_base + i * sx
         new_x = ()
         for k in tl.static_range(STEP):
-            if k == 0:
-                new_x = new_x + (load_at(xp, t, cmask, S, MASKED and BOUNDS),)
-            else:
-                new_x = new_x + (load_at(xp + k * sx, row_offset(t, k), cmask, S, MASKED and BOUNDS),)
+            new_x = new_x + (load_at(row_offset(xp, k * sx), row_offset(t, k), cmask, S, MASKED and BOUNDS),)
         new_ids = ()
         for k in tl.static_range(0, STEP, 4):
             new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, hist_ids[0], k, IDS, BOUNDS)
