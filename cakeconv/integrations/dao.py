@@ -10,8 +10,18 @@ cakeconv's deterministic op by changing one import:
 - ``causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
   conv_state_indices=None)``, the decode step;
 
+- ``causal_conv1d_fwd_function(x, weight, bias, seq_idx, initial_states, final_states_out,
+  silu_activation)`` and ``causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx,
+  initial_states, dfinal_states, dx, return_dinitial_states, silu_activation)``, the pair of
+  ``causal_conv1d.cpp_functions`` that mamba_ssm's fused training paths call (Mamba2's
+  ``mamba_split_conv1d_scan_combined``, Mamba1's ``mamba_inner_fn``), with their positional
+  signatures: no autograd, the backward recomputes from x, writes ``dx`` in place when given and
+  returns dweight / dbias in the taps' / bias' dtypes (``cakeconv.integrations.mamba_ssm.swap()``
+  puts them where mamba_ssm reads them);
+
 and, in plain PyTorch (written from causal-conv1d's documented semantics, not from its code),
-``torch_causal_conv1d_fn`` and ``torch_causal_conv1d_update`` with the same signatures, which run
+``torch_causal_conv1d_fn``, ``torch_causal_conv1d_update`` and ``torch_causal_conv1d_bwd_function``
+with the same signatures, which run
 what neither cakeconv nor an installed causal-conv1d runs (e.g. anything on the CPU that cakeconv
 does not compute). Importing this module does not import causal-conv1d.
 
@@ -81,10 +91,11 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .. import cake_causal_conv1d_det
-from ._devices import device_supported
+from .. import (cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward,
+                cake_causal_conv1d_det_train_forward)
+from . import _operands
+from ._operands import ACTIVATIONS, SILU_NAMES as SILU_ACTIVATIONS, cake_activation as _cake_activation
 from ..cake_causal_conv1d_det_train_backend import checks
-from ..cake_causal_conv1d_det_train_backend.constants import MAX_WIDTH, MIN_WIDTH
 
 try:  # the CUDA build of torch: the current raw stream, cheaply
     from torch._C import _cuda_getCurrentRawStream
@@ -100,12 +111,15 @@ __all__ = [
     "cu_seqlens_from_seq_idx",
     "check_seq_idx",
     "dao_causal_conv1d",
+    "causal_conv1d_fwd_function",
+    "causal_conv1d_bwd_function",
+    "torch_causal_conv1d_bwd_function",
+    "pair_delegation_reason",
+    "dao_cpp_functions",
 ]
 
 DAO_MAX_WIDTH = 4  # causal-conv1d's kernels take W = 2..4
-SILU_ACTIVATIONS = ("silu", "swish")
-ACTIVATIONS = (None, "silu", "swish")
-X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # what causal-conv1d's kernels take (_dao_takes)
 PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 CAKE_BACKENDS = ("auto", "triton", "reference")
 
@@ -197,23 +211,13 @@ def delegation_reason(x, weight, bias=None, seq_idx=None, initial_states=None, r
 
     Takes ``causal_conv1d_fn``'s arguments; the rules are the module docstring's.
     """
-    W = weight.shape[1]
-    D = x.shape[1]
     if initial_states is not None:
         return "initial_states given"
     if return_final_states:
         return "return_final_states = True"
-    if not MIN_WIDTH <= W <= MAX_WIDTH:
-        return f"W = {W} (cakeconv runs W = {MIN_WIDTH}..{MAX_WIDTH})"
-    if D % 8 != 0:
-        return f"D = {D} is not a multiple of 8"
-    if x.dtype not in X_DTYPES:
-        return f"x dtype {x.dtype}"
-    if weight.dtype not in PARAM_DTYPES or (bias is not None and bias.dtype not in PARAM_DTYPES):
-        return f"weight dtype {weight.dtype}, bias dtype {None if bias is None else bias.dtype}"
-    if not device_supported(x.device):
-        return f"cakeconv does not run on {x.device}"
-    return None
+    return (_operands.width_activation_reason(weight.shape[1], activation)
+            or _operands.operands_reason(x.shape[1], x.dtype, weight.dtype, None if bias is None else bias.dtype,
+                                         x.device, widened_taps=(torch.float16,)))
 
 
 # ----------------------------------------------------------------------- seq_idx -> cu_seqlens
@@ -296,11 +300,6 @@ def cu_seqlens_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
 def _channel_last(x_BDT: torch.Tensor) -> bool:
     """causal-conv1d's test: channels adjacent in memory and tokens not (its channel-last kernels)."""
     return x_BDT.stride(1) == 1 and x_BDT.stride(2) > 1
-
-
-def _cake_activation(activation):
-    """causal-conv1d's ``activation`` (None, "silu" or "swish") as cakeconv's op takes it: "silu" or None."""
-    return "silu" if activation in SILU_ACTIVATIONS else None
 
 
 def _cake_fn(x_BDT, weight_DW, bias_D, seq_idx_BT, activation, backend):
@@ -392,6 +391,205 @@ def _dao_takes(x, weight, bias, channel_last_only=False) -> bool:
 def _int32(t):
     """An index tensor as causal-conv1d takes it (int32, contiguous), or None."""
     return None if t is None else t.to(torch.int32).contiguous()
+
+
+# --------------------------------------- causal-conv1d's cpp_functions pair (mamba_ssm's fused paths)
+
+# causal-conv1d's (causal_conv1d_fwd_function, causal_conv1d_bwd_function), or () when they do not import.
+_DAO_PAIR = None
+
+
+def dao_cpp_functions():
+    """causal-conv1d's ``(causal_conv1d_fwd_function, causal_conv1d_bwd_function)`` from
+    ``causal_conv1d.cpp_functions``, or None when they do not import (remembered, not retried)."""
+    global _DAO_PAIR
+    if _DAO_PAIR is None:
+        try:
+            from causal_conv1d.cpp_functions import causal_conv1d_bwd_function as bwd
+            from causal_conv1d.cpp_functions import causal_conv1d_fwd_function as fwd
+            _DAO_PAIR = (fwd, bwd)
+        except (ImportError, OSError):
+            _DAO_PAIR = ()
+    return _DAO_PAIR or None
+
+
+def pair_delegation_reason(x, weight, bias=None, initial_states=None, final_states_out=None, dfinal_states=None,
+                           return_dinitial_states=False) -> str | None:
+    """Why a call of ``causal_conv1d_fwd_function`` / ``causal_conv1d_bwd_function`` with these (valid)
+    arguments is delegated, or None when cakeconv runs it (the rule of ``delegation_reason``)."""
+    if initial_states is not None:
+        return "initial_states given"
+    if final_states_out is not None:
+        return "final_states_out given"
+    if dfinal_states is not None:
+        return "dfinal_states given"
+    if return_dinitial_states:
+        return "return_dinitial_states = True"
+    return delegation_reason(x, weight, bias, activation="silu")
+
+
+def _check_pair_args(x, weight, bias, seq_idx, initial_states, final_states_out, silu_activation) -> None:
+    """Validate the pair's common arguments from their metadata (no value is read)."""
+    _check_fn_args(x, weight, bias, seq_idx, initial_states, False, None, None)
+    if final_states_out is not None:
+        _check_tensor("final_states_out", final_states_out, (x.shape[0], x.shape[1], weight.shape[1] - 1), x.device)
+    if not isinstance(silu_activation, bool):
+        raise TypeError(f"silu_activation must be a bool, got {type(silu_activation).__name__}")
+
+
+def _rows_of(t_BDT: torch.Tensor, seq_idx) -> torch.Tensor:
+    """A [B, D, T] tensor as the op's rows: the [B, T, D] view, or [B * T, D] with seq_idx
+    (a view when the layout allows, else a copy)."""
+    t_BTD = t_BDT.transpose(1, 2)
+    if seq_idx is None:
+        return t_BTD
+    return t_BTD.reshape(t_BTD.shape[0] * t_BTD.shape[1], t_BTD.shape[2])
+
+
+def _pair_taps(weight_DW: torch.Tensor) -> torch.Tensor:
+    return weight_DW.float() if weight_DW.dtype == torch.float16 else weight_DW  # exact widening
+
+
+def causal_conv1d_fwd_function(x, weight, bias, seq_idx, initial_states, final_states_out, silu_activation, *,
+                               backend="auto"):
+    """causal-conv1d 1.7.0's ``causal_conv1d_fwd_function`` (what mamba_ssm's fused paths call), on cakeconv.
+
+    The forward of ``causal_conv1d_fn`` without autograd, with causal-conv1d's positional
+    signature: y = act(conv(x)) of the module docstring, act SiLU when ``silu_activation`` else
+    the identity. cakeconv runs it unless ``pair_delegation_reason`` names a reason (conv state,
+    or operands outside the op's); then causal-conv1d's own function runs it when it imports and
+    x is on a CUDA device and its kernels take the operands, else ``torch_causal_conv1d_fn``.
+
+    Args:
+        x: [B, D, T]; mamba_ssm passes the channel-last view ``xBC.transpose(1, 2)`` of a slice of
+            its [B, T, *] projection (``x.stride(1) == 1``, a row stride that is a multiple of 8):
+            read in place.
+        weight: [D, W]; bias: [D] or None.
+        seq_idx: int32 [B, T] or None (module docstring for how cakeconv reads it).
+        initial_states: [B, D, W - 1] or None; final_states_out: [B, D, W - 1] buffer or None
+            (either one delegates the call).
+        silu_activation: bool.
+        backend: cakeconv's backend: "auto", "triton" or "reference".
+
+    Returns:
+        y [B, D, T] in x's dtype: channel-last when x is (causal-conv1d's ``empty_like(x)``),
+        contiguous otherwise.
+    """
+    _check_pair_args(x, weight, bias, seq_idx, initial_states, final_states_out, silu_activation)
+    if backend not in CAKE_BACKENDS:
+        raise ValueError(f"backend must be one of {CAKE_BACKENDS}, got {backend!r}")
+    activation = "silu" if silu_activation else None
+    if pair_delegation_reason(x, weight, bias, initial_states, final_states_out) is not None:
+        pair = dao_cpp_functions() if x.is_cuda else None
+        if pair is not None and _dao_takes(x, weight, bias, seq_idx is not None or initial_states is not None):
+            return pair[0](x, weight, bias, _int32(seq_idx), initial_states, final_states_out, silu_activation)
+        out = torch_causal_conv1d_fn(x, weight, bias, seq_idx, initial_states, final_states_out is not None,
+                                     final_states_out, activation)
+        return out[0] if final_states_out is not None else out
+    B, D, T = x.shape
+    cu_N1 = None if seq_idx is None else cu_seqlens_from_seq_idx(seq_idx)
+    y_rows = cake_causal_conv1d_det_train_forward(_rows_of(x, seq_idx), _pair_taps(weight), bias, cu_N1,
+                                                  activation=activation, backend=backend)
+    y_BDT = y_rows.view(B, T, D).transpose(1, 2)
+    return y_BDT if _channel_last(x) or T == 1 else y_BDT.contiguous()
+
+
+def causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
+                               return_dinitial_states, silu_activation, *, backend="auto"):
+    """causal-conv1d 1.7.0's ``causal_conv1d_bwd_function`` (what mamba_ssm's fused paths call), on cakeconv.
+
+    The gradients of ``causal_conv1d_fwd_function`` for ``dout`` = dL/dy: (dx, dweight, dbias,
+    dinitial_states), with causal-conv1d's positional signature. On cakeconv, dweight and dbias are
+    bitwise repeatable (summed in FP32 in one fixed order, returned in the weight's and the bias'
+    dtypes; causal-conv1d's default mode sums them with atomics). The pre-activation is recomputed
+    from x. Delegated as ``causal_conv1d_fwd_function`` (also for ``dfinal_states`` or
+    ``return_dinitial_states``); the PyTorch fallback differentiates ``torch_causal_conv1d_fn``.
+
+    Args:
+        x, weight, bias, seq_idx, initial_states, silu_activation: the forward's.
+        dout: [B, D, T], dL/dy (any layout; mamba_ssm passes a channel-last view).
+        dfinal_states: [B, D, W - 1] gradient of the final states, or None.
+        dx: None, or a [B, D, T] buffer of x's dtype that receives dx in place (mamba_ssm passes a
+            channel-last view into its input gradient); it is returned.
+        return_dinitial_states: also return the initial states' gradient.
+        backend: cakeconv's backend: "auto", "triton" or "reference".
+
+    Returns:
+        (dx, dweight, dbias, dinitial_states): dweight in the weight's dtype, dbias in the bias'
+        dtype (None without bias), dinitial_states None unless asked for.
+    """
+    _check_pair_args(x, weight, bias, seq_idx, initial_states, None, silu_activation)
+    _check_tensor("dout", dout, tuple(x.shape), x.device)
+    if dx is not None:
+        _check_tensor("dx", dx, tuple(x.shape), x.device)
+        if dx.dtype != x.dtype:
+            raise TypeError(f"dx must have x's dtype {x.dtype}, got {dx.dtype}")
+    if dfinal_states is not None:
+        _check_tensor("dfinal_states", dfinal_states, (x.shape[0], x.shape[1], weight.shape[1] - 1), x.device)
+    if backend not in CAKE_BACKENDS:
+        raise ValueError(f"backend must be one of {CAKE_BACKENDS}, got {backend!r}")
+    activation = "silu" if silu_activation else None
+    if pair_delegation_reason(x, weight, bias, initial_states, None, dfinal_states, return_dinitial_states) is not None:
+        pair = dao_cpp_functions() if x.is_cuda else None
+        states = seq_idx is not None or initial_states is not None or dfinal_states is not None
+        if pair is not None and _dao_takes(x, weight, bias, states):
+            return pair[1](x, weight, bias, dout, _int32(seq_idx), initial_states, dfinal_states, dx,
+                           return_dinitial_states, silu_activation)
+        return torch_causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
+                                                return_dinitial_states, silu_activation)
+    B, D, T = x.shape
+    cu_N1 = None if seq_idx is None else cu_seqlens_from_seq_idx(seq_idx)
+    x_rows = _rows_of(x, seq_idx)
+    dx_rows = None
+    if dx is not None:
+        try:  # write into dx's memory: its rows must be a view of it
+            dx_rows = dx.transpose(1, 2) if seq_idx is None else dx.transpose(1, 2).view(x_rows.shape)
+        except RuntimeError:
+            dx_rows = None
+    dx_out, dw_DW, db_D = cake_causal_conv1d_det_train_backward(
+        _rows_of(dout, seq_idx), x_rows, _pair_taps(weight), bias, cu_N1, dx=dx_rows, dweight_dtype=weight.dtype,
+        activation=activation, backend=backend)
+    if dx is None:
+        dx_BDT = dx_out.view(B, T, D).transpose(1, 2)
+        dx = dx_BDT if _channel_last(x) or T == 1 else dx_BDT.contiguous()
+    elif dx_rows is None:
+        dx.copy_(dx_out.view(B, T, D).transpose(1, 2))
+    if db_D is not None and db_D.dtype != bias.dtype:
+        db_D = db_D.to(bias.dtype)
+    return dx, dw_DW, db_D, None
+
+
+def torch_causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
+                                     return_dinitial_states, silu_activation):
+    """``causal_conv1d_bwd_function`` in plain PyTorch: autograd through ``torch_causal_conv1d_fn``.
+
+    The same arguments and results as ``causal_conv1d_bwd_function`` (without ``backend``);
+    FP32 arithmetic; dinitial_states is the gradient of the given initial states (of zero
+    columns when none were given).
+    """
+    activation = "silu" if silu_activation else None
+    want_final = dfinal_states is not None
+    with torch.enable_grad():
+        x_in = x.detach().requires_grad_(True)
+        w_in = weight.detach().requires_grad_(True)
+        b_in = None if bias is None else bias.detach().requires_grad_(True)
+        init = initial_states
+        if init is None and return_dinitial_states:
+            init = x.new_zeros((x.shape[0], x.shape[1], weight.shape[1] - 1))
+        init_in = None if init is None else init.detach().requires_grad_(return_dinitial_states)
+        out = torch_causal_conv1d_fn(x_in, w_in, b_in, seq_idx, init_in, want_final, None, activation)
+        outputs = out if want_final else (out,)
+        grads_out = (dout, dfinal_states) if want_final else (dout,)
+        inputs = [x_in, w_in] + ([b_in] if b_in is not None else []) + ([init_in] if return_dinitial_states else [])
+        grads = torch.autograd.grad(outputs, inputs, grads_out, allow_unused=True)
+    dx_new, dweight = grads[0], grads[1]
+    dbias = grads[2] if b_in is not None else None
+    dinit = grads[-1] if return_dinitial_states else None
+    if dx is None:
+        dx = _in_layout_of(x, dx_new)
+    else:
+        dx.copy_(dx_new)
+    return dx, dweight.to(weight.dtype), None if dbias is None else dbias.to(bias.dtype), dinit
 
 
 # ------------------------------------------------------------------ the PyTorch implementations

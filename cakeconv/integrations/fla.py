@@ -89,8 +89,8 @@ import torch
 import torch.nn as nn
 
 from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
-from ._devices import device_supported
-from ..cake_causal_conv1d_det_train_backend.constants import MAX_WIDTH, MIN_WIDTH
+from . import _operands
+from ._operands import ACTIVATIONS, SILU_NAMES as SILU_ACTIVATIONS, cake_activation as _cake_activation
 from ..cake_causal_conv1d_det_train_backend.kcp.from_fla import FLA_CONTEXT_FIELDS, FLA_LAYOUTS
 
 # CakeShortConvolution is public too, but left out of __all__: it is built by importing fla, and
@@ -103,11 +103,7 @@ __all__ = [
     "swap_short_convolutions",
 ]
 
-SILU_ACTIVATIONS = ("silu", "swish")
-ACTIVATIONS = (None, *SILU_ACTIVATIONS)
 CAKE_BACKENDS = ("auto", "triton", "reference")
-X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
 FLA_CP_LAYOUTS = tuple(FLA_LAYOUTS)  # the FLA layouts KcpContext.from_fla derives
 
 _FLA_HINT = ("cakeconv.integrations.fla needs flash-linear-attention (the `fla` package, 0.6.0): "
@@ -147,16 +143,7 @@ def _check_cake_backend(cake_backend) -> None:
 
 def _width_activation_reason(W: int, activation) -> str | None:
     """Why a width W and an activation send a call to FLA, or None (cakeconv computes them)."""
-    if not MIN_WIDTH <= W <= MAX_WIDTH:
-        return f"kernel_size = {W} (cakeconv runs W = {MIN_WIDTH}..{MAX_WIDTH})"
-    if activation not in ACTIVATIONS:
-        return f"activation = {activation!r} (cakeconv runs None, 'silu' and 'swish')"
-    return None
-
-
-def _cake_activation(activation):
-    """FLA's ``activation`` (None, "silu" or "swish") as cakeconv's op takes it: "silu" or None."""
-    return "silu" if activation in SILU_ACTIVATIONS else None
+    return _operands.width_activation_reason(W, activation, width_name="kernel_size")
 
 
 def _cp_context_reason(cp_context) -> str | None:
@@ -176,15 +163,7 @@ def _input_reason(x, D: int, weight_dtype: torch.dtype) -> str | None:
     if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != D:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         return f"x of shape {shape} (cakeconv takes [B, T, D] or [1, S, D], D = {D})"
-    if D % 8 != 0:
-        return f"D = {D} is not a multiple of 8"
-    if x.dtype not in X_DTYPES:
-        return f"x dtype {x.dtype}"
-    if weight_dtype not in WEIGHT_DTYPES:
-        return f"weight dtype {weight_dtype} (cakeconv takes FP32 or BF16 taps)"
-    if not device_supported(x.device):
-        return f"cakeconv does not run on {x.device}"
-    return None
+    return _operands.operands_reason(D, x.dtype, weight_dtype, None, x.device)
 
 
 def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
