@@ -178,7 +178,9 @@ def main(argv=None):
     fla_model, model_name = build_model(name, args, device)
     log(f"# model: {model_name}")
     cake_model = copy.deepcopy(fla_model)
-    swapped = swap_short_convolutions(cake_model)
+    report = swap_short_convolutions(cake_model)
+    swapped = report.swapped
+    log("# " + str(report).replace("\n", "\n# "))
     log(f"# swap_short_convolutions: {swapped} ShortConvolution modules now run cakeconv "
         f"({sum(p.numel() for p in fla_model.parameters()) / 1e6:.2f} M parameters per model)")
     models = {"fla": fla_model, "cakeconv": cake_model}

@@ -50,7 +50,9 @@ from cakeconv.integrations.fla import (
     CakeShortConvolutionMixin,
     cake_short_convolution_class,
     swap_short_convolutions,
+    unswap_short_convolutions,
 )
+from cakeconv.integrations.report import CakeconvSwapWarning
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -462,10 +464,10 @@ def test_swap_in_place_keeps_everything_and_is_idempotent():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     assert model[0]._use_fused_qkv_conv(last_state=None, use_cache=False, cu_seqlens=None)
 
-    with pytest.warns(UserWarning, match="variant is a FakeShortConvolutionVariant"):
-        assert swap_short_convolutions(model, cake_backend="reference", base_class=FakeShortConvolution) == 6
+    with pytest.warns(UserWarning, match=r"variant \(FakeShortConvolutionVariant\): a subclass"):
+        assert swap_short_convolutions(model, cake_backend="reference", base_class=FakeShortConvolution).swapped == 6
     with pytest.warns(UserWarning, match="variant"):
-        assert swap_short_convolutions(model, base_class=FakeShortConvolution) == 0  # idempotent
+        assert swap_short_convolutions(model, base_class=FakeShortConvolution).swapped == 0  # idempotent
     assert type(model.variant) is FakeShortConvolutionVariant
     for layer in (model[0], model[1]):
         for conv in (layer.q_conv1d, layer.k_conv1d, layer.v_conv1d):
@@ -497,11 +499,39 @@ def test_swap_in_place_keeps_everything_and_is_idempotent():
         assert torch.equal(y2, y.detach())
 
 
+def test_swap_report_names_every_convolution_and_unswap_restores():
+    model = nn.Sequential(FakeGatedDeltaNet(16))
+    model.add_module("wide", FakeShortConvolution(16, 9, activation=None))  # W = 9: swapped, every call to FLA
+    model.add_module("variant", FakeShortConvolutionVariant(8, 4))
+    values_before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.warns(CakeconvSwapWarning, match="2 of 5 places stay off cakeconv") as caught:
+        report = swap_short_convolutions(model, cake_backend="reference", base_class=FakeShortConvolution)
+    assert "wide (CakeFakeShortConvolution): swapped, but every call goes to FLA: kernel_size = 9" in str(caught[0].message)
+    rows = {e.where: e for e in report.entries}
+    assert list(rows) == ["0.q_conv1d", "0.k_conv1d", "0.v_conv1d", "wide", "variant"]
+    for name in ("0.q_conv1d", "0.k_conv1d", "0.v_conv1d"):
+        assert rows[name].on_cakeconv and rows[name].newly_swapped and "fused q/k/v conv is turned off" in rows[name].why
+    assert not rows["wide"].on_cakeconv and rows["wide"].newly_swapped
+    assert not rows["variant"].on_cakeconv and not rows["variant"].newly_swapped
+    assert report.swapped == 4 and len(report.on_cakeconv) == 3
+    assert "3 of 5 places run cakeconv (4 changed by this call)" in str(report)
+
+    undone = unswap_short_convolutions(model)
+    assert [e.where for e in undone.entries] == ["0.q_conv1d", "0.k_conv1d", "0.v_conv1d", "wide"]
+    assert all(type(m) is FakeShortConvolution for m in (model[0].q_conv1d, model[0].v_conv1d, model.wide))
+    assert "cake_backend" not in model.wide.__dict__ and "_use_fused_qkv_conv" not in model[0].__dict__
+    assert model[0]._use_fused_qkv_conv(last_state=None, use_cache=False, cu_seqlens=None)
+    assert all(torch.equal(values_before[k], v) for k, v in model.state_dict().items())
+    assert unswap_short_convolutions(model).entries == ()
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        unswap_short_convolutions([model])
+
+
 def test_swap_a_bare_convolution():
     conv = FakeShortConvolution(16, 4)
-    assert swap_short_convolutions(conv, base_class=FakeShortConvolution) == 1
+    assert swap_short_convolutions(conv, base_class=FakeShortConvolution).swapped == 1
     assert type(conv) is CakeFake
-    assert swap_short_convolutions(conv, base_class=FakeShortConvolution) == 0
+    assert swap_short_convolutions(conv, base_class=FakeShortConvolution).swapped == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -555,8 +585,8 @@ def test_fla_model_swap_on_cpu():
     params = dict(model.named_parameters())
     attn = model.model.layers[0].attn
     assert attn._use_fused_qkv_conv(last_state=None, use_cache=False, cu_seqlens=None)
-    assert swap_short_convolutions(model) == 6
-    assert swap_short_convolutions(model) == 0
+    assert swap_short_convolutions(model).swapped == 6
+    assert swap_short_convolutions(model).swapped == 0
     assert dict(model.named_parameters()) == params
     assert all(torch.equal(values[k], v) for k, v in model.state_dict().items())
     for layer in model.model.layers:
@@ -676,7 +706,7 @@ def make_models(device, family="gated_deltanet", dtype=torch.bfloat16, seed=0, *
         ref = cls(_tiny_config(family, **config)).to(device=device, dtype=dtype)
     ref.train()
     cake = copy.deepcopy(ref)
-    assert swap_short_convolutions(cake) == 2 * 3
+    assert swap_short_convolutions(cake).swapped == 2 * 3
     return ref, cake
 
 
@@ -752,7 +782,7 @@ def check_layer(device, family, conv_bias, packed, monkeypatch=None):
         ref = DeltaNet(hidden_size=256, num_heads=4, mode="chunk", conv_bias=conv_bias, layer_idx=0)
     ref = ref.to(device=device, dtype=torch.bfloat16)
     cake, noisy = copy.deepcopy(ref), copy.deepcopy(ref)
-    assert swap_short_convolutions(cake) == 3
+    assert swap_short_convolutions(cake).swapped == 3
     perturb_conv_inputs(noisy)
     gen = torch.Generator().manual_seed(2)
     if packed:
@@ -999,7 +1029,7 @@ def test_gpu_short_convolution_any_width_matches_fla(W, activation, monkeypatch)
     torch.manual_seed(0)
     ref = ShortConvolution(D, W, bias=True, activation=activation).to(device="cuda", dtype=torch.bfloat16)
     cake = copy.deepcopy(ref)
-    assert swap_short_convolutions(cake) == 1
+    assert swap_short_convolutions(cake).swapped == 1
     calls = count_cake_calls(monkeypatch)
     cu = torch.tensor([0] + DOC_LENGTHS, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
     gen = torch.Generator().manual_seed(W)

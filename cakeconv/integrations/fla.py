@@ -83,13 +83,12 @@ after the other. Packed input (``cu_seqlens``) never takes the fused path.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn as nn
 
 from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
 from . import _operands
+from .report import SwapEntry, SwapReport
 from ._operands import ACTIVATIONS, SILU_NAMES as SILU_ACTIVATIONS, cake_activation as _cake_activation
 from ..cake_causal_conv1d_det_train_backend.kcp.from_fla import FLA_CONTEXT_FIELDS, FLA_LAYOUTS
 
@@ -101,6 +100,7 @@ __all__ = [
     "causal_conv1d",
     "causal_conv1d_delegation_reason",
     "swap_short_convolutions",
+    "unswap_short_convolutions",
 ]
 
 CAKE_BACKENDS = ("auto", "triton", "reference")
@@ -379,7 +379,31 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def swap_short_convolutions(model: nn.Module, *, cake_backend: str = "auto", base_class: type | None = None) -> int:
+def _module_reason(module: nn.Module) -> str | None:
+    """Why every call of a swapped convolution goes to FLA whatever its input, or None (its
+    training calls run cakeconv): the parts of the rule that its parameters fix."""
+    W = module.weight.shape[-1]
+    reason = _width_activation_reason(W, getattr(module, "activation", None))
+    if reason is None:
+        reason = _operands.operands_reason(module.weight.shape[0], torch.float32, module.weight.dtype, None,
+                                           module.weight.device)
+    return None if reason is None or reason.startswith("cakeconv does not run on") else reason
+
+
+def _swap_entry(name: str, module: nn.Module, newly: bool, fusion_off: bool) -> SwapEntry:
+    reason = _module_reason(module)
+    if reason is not None:
+        return SwapEntry(name, type(module).__name__, False, f"swapped, but every call goes to FLA: {reason}", newly)
+    why = "class changed; its training calls (no cache, no final state) run cakeconv"
+    if not newly:
+        why = "already a " + type(module).__name__ + "; its training calls run cakeconv"
+    if fusion_off:
+        why += "; the parent's fused q/k/v conv is turned off"
+    return SwapEntry(name, type(module).__name__, True, why, newly)
+
+
+def swap_short_convolutions(model: nn.Module, *, cake_backend: str = "auto",
+                            base_class: type | None = None) -> SwapReport:
     """Turn every ``ShortConvolution`` of ``model`` into a ``CakeShortConvolution``, in place.
 
     Each module keeps its identity: its class is changed (``module.__class__``), nothing is copied,
@@ -389,9 +413,9 @@ def swap_short_convolutions(model: nn.Module, *, cake_backend: str = "auto", bas
     (``GatedDeltaNet._use_fused_qkv_conv``) gets that fusion turned off (module docstring).
 
     Only modules whose class is exactly ``ShortConvolution`` are swapped. A subclass of it
-    (another library's variant) is left alone with a warning, since its forward may differ.
-    Modules already swapped are not counted again, so a second call returns 0 (their
-    ``cake_backend`` is not changed either).
+    (another library's variant) is left alone, since its forward may differ. Modules already
+    swapped are not changed again (their ``cake_backend`` neither). ``unswap_short_convolutions``
+    undoes the swap.
 
     Args:
         model: any ``nn.Module`` (a layer, an ``fla.models`` model, or a ShortConvolution itself).
@@ -399,7 +423,11 @@ def swap_short_convolutions(model: nn.Module, *, cake_backend: str = "auto", bas
         base_class: the class to look for; None means ``fla.modules.ShortConvolution``.
 
     Returns:
-        The number of modules swapped by this call.
+        A ``SwapReport`` with one entry per convolution of the model (its name in
+        ``named_modules``): swapped by this call, swapped before, swapped but fixed to FLA by its
+        parameters (e.g. ``kernel_size`` 9, FP16 weights), or a subclass left unswapped.
+        ``report.swapped`` counts the modules this call changed (0 on a second call). A
+        ``CakeconvSwapWarning`` names the convolutions left off cakeconv.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, or ``base_class`` not an ``nn.Conv1d`` subclass.
@@ -413,20 +441,60 @@ def swap_short_convolutions(model: nn.Module, *, cake_backend: str = "auto", bas
     cls = cake_short_convolution_class(base)
     if base is cls:
         raise TypeError(f"base_class must be the class to replace, not the Cake class {cls.__qualname__}")
-    swapped = 0
+    found = []  # (name, module, newly swapped) of the convolutions, or (name, module, None): a variant left alone
     for name, module in model.named_modules():
         if type(module) is base:
             module.__class__ = cls
             module.cake_backend = cake_backend
-            swapped += 1
-        elif isinstance(module, base) and not isinstance(module, CakeShortConvolutionMixin):
-            warnings.warn(f"swap_short_convolutions: {name or 'model'} is a {type(module).__qualname__}, a subclass "
-                          f"of {base.__qualname__}; left unswapped (its forward may differ)", stacklevel=2)
+            found.append((name, module, True))
+        elif isinstance(module, CakeShortConvolutionMixin):
+            found.append((name, module, False))
+        elif isinstance(module, base):
+            found.append((name, module, None))
+    fused_off = set()
     for module in model.modules():
         fuses = callable(getattr(type(module), "_use_fused_qkv_conv", None))
         if fuses and any(isinstance(child, CakeShortConvolutionMixin) for child in module.children()):
             module._use_fused_qkv_conv = _no_fused_qkv_conv
-    return swapped
+            fused_off.update(id(child) for child in module.children())
+    entries = []
+    for name, module, newly in found:
+        if newly is None:
+            entries.append(SwapEntry(name, type(module).__name__, False,
+                                     f"a subclass of {base.__qualname__}, left unswapped (its forward may differ)"))
+        else:
+            entries.append(_swap_entry(name, module, newly, id(module) in fused_off))
+    report = SwapReport("fla", tuple(entries))
+    report.warn_if_unreached()
+    return report
+
+
+def unswap_short_convolutions(model: nn.Module) -> SwapReport:
+    """Undo ``swap_short_convolutions``: every ``CakeShortConvolution`` of ``model`` becomes its base
+    class again (same module objects), and the fused q/k/v conv of their parents is turned back on.
+
+    Returns:
+        A ``SwapReport`` with one entry per module restored (``on_cakeconv`` False).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    entries = []
+    for name, module in model.named_modules():
+        if module.__dict__.get("_use_fused_qkv_conv") is _no_fused_qkv_conv:
+            del module._use_fused_qkv_conv
+        if not isinstance(module, CakeShortConvolutionMixin):
+            continue
+        base = next(b for b, c in _CLASSES.items() if c is type(module)) if type(module) in _CLASSES.values() else None
+        if base is None:
+            entries.append(SwapEntry(name, type(module).__name__, True, "not a class built by the swap; left as it is"))
+            continue
+        module.__class__ = base
+        module.__dict__.pop("cake_backend", None)
+        entries.append(SwapEntry(name, base.__name__, False, f"restored to {base.__qualname__}", newly_swapped=True))
+    return SwapReport("fla", tuple(entries))
 
 
 def causal_conv1d_delegation_reason(x, weight=None, bias=None, residual=None, initial_state=None,
