@@ -51,7 +51,7 @@ defaults to True), widths 1 or above 8, no weight, FP16 weights, x of other rank
 
 Context parallelism. With an FLA context, x is this rank's ``[1, S_local, D]`` rows in FLA's local
 order, and the call runs ``cake_causal_conv1d_det_kcp`` on the ``KcpContext`` derived from the FLA
-context (``KcpContext.from_fla``: its first use is a collective over the context's group, later
+context (``kcp_context_from_fla``: its first use is a collective over the context's group, later
 uses are cached), so one FLA context serves the convolution and FLA's CP ops of the layer (e.g.
 ``fla.ops.kda.chunk_kda(..., cp_context=ctx)``). As in FLA, ``cu_seqlens`` is then overridden by
 the context. y and dx are bitwise the single-rank op's on this rank's tokens; dweight and dbias are
@@ -86,11 +86,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .. import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
+from .. import cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
 from . import _operands
 from .report import SwapEntry, SwapReport
 from ._operands import ACTIVATIONS, SILU_NAMES as SILU_ACTIVATIONS, cake_activation as _cake_activation
-from ..cake_causal_conv1d_det_train_backend.kcp.from_fla import FLA_CONTEXT_FIELDS, FLA_LAYOUTS
+from .fla_kcp_context import FLA_CONTEXT_FIELDS, FLA_LAYOUTS, kcp_context_from_fla
 
 # CakeShortConvolution is public too, but left out of __all__: it is built by importing fla, and
 # `from cakeconv.integrations.fla import *` must work without fla.
@@ -99,12 +99,13 @@ __all__ = [
     "cake_short_convolution_class",
     "causal_conv1d",
     "causal_conv1d_delegation_reason",
+    "kcp_context_from_fla",
     "swap_short_convolutions",
     "unswap_short_convolutions",
 ]
 
 CAKE_BACKENDS = ("auto", "triton", "reference")
-FLA_CP_LAYOUTS = tuple(FLA_LAYOUTS)  # the FLA layouts KcpContext.from_fla derives
+FLA_CP_LAYOUTS = tuple(FLA_LAYOUTS)  # the FLA layouts kcp_context_from_fla derives
 
 _FLA_HINT = ("cakeconv.integrations.fla needs flash-linear-attention (the `fla` package, 0.6.0): "
              "pip install flash-linear-attention==0.6.0 (it brings fla-core, einops and transformers)")
@@ -197,7 +198,7 @@ def _cake_conv(x_BTD, weight_DW, bias_D, residual, cu_seqlens, cp_context, activ
         y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, cu_seqlens=cp_context.cu_seqlens.to(x_BTD.device),
                                        activation=act, backend=cake_backend)
     else:
-        kcp_context = KcpContext.from_fla(cp_context, device=x_BTD.device)
+        kcp_context = kcp_context_from_fla(cp_context, device=x_BTD.device)
         y_BTD = cake_causal_conv1d_det_kcp(x_BTD, _fp32(weight_DW), kcp_context, bias=_fp32(bias_D),
                                            activation=act, backend=cake_backend)
     if residual is not None:
@@ -308,7 +309,7 @@ class CakeShortConvolutionMixin:
             ValueError: on the cakeconv path, ``mask`` with ``cu_seqlens`` (as FLA), ``cu_seqlens``
                 or ``cp_context`` with a batch of more than one row, or a ``mask`` / ``residual``
                 of the wrong shape. cakeconv's own checks follow (``cu_seqlens`` values, dtypes,
-                devices; an FLA context that the ranks do not share, from ``KcpContext.from_fla``).
+                devices; an FLA context that the ranks do not share, from ``kcp_context_from_fla``).
         """
         reason = self.delegation_reason(x, residual=residual, mask=mask, cache=cache,
                                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
@@ -551,7 +552,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor | None = None, bias: tor
             unused by cakeconv.
         cp_context: an FLA context (``fla.ops.cp.build_cp_context(cu_seqlens, group, ...)``,
             layout "contiguous" or "zigzag"): the call runs ``cake_causal_conv1d_det_kcp`` on
-            ``KcpContext.from_fla(cp_context)`` (the first call for a context is a collective over
+            ``kcp_context_from_fla(cp_context)`` (the first call for a context is a collective over
             its group; every rank must make it). The same context serves FLA's CP ops.
         cake_backend: "auto", "triton" or "reference", for the cakeconv path.
         **kwargs: passed on when delegating (e.g. ``seq_idx`` of FLA's "mix" backend).

@@ -1,12 +1,12 @@
-"""KcpContext.from_fla: the KCP context derived from flash-linear-attention's ``FLACPContext``.
+"""kcp_context_from_fla: the KCP context derived from flash-linear-attention's ``FLACPContext``.
 
 Tiers:
-- host (no ranks): every rank's local FLA tables, encoded as from_fla's all-gather carries them,
+- host (no ranks): every rank's local FLA tables, encoded as fla_kcp_context's all-gather carries them,
   give back the global boundaries of the batch (empty documents aside), for P = 1..8 and both of
   FLA's layouts; inconsistent tables raise. The stand-in builder below agrees with FLA's builder
   field by field (that test needs fla).
 - tier 3 (gloo, 2-4 ranks, one spawn per world size): on every rank, y and dx of the KCP op on
-  ``KcpContext.from_fla(ctx)`` are bitwise the single-rank op's on the rank's tokens, the rank's
+  ``kcp_context_from_fla(ctx)`` are bitwise the single-rank op's on the rank's tokens, the rank's
   rows are FLA's local buffer in order, and the all-reduced dweight/dbias are within FP32
   reordering of the single-rank ones (partial sums), for both layouts: documents across ranks,
   1-3-token documents, empty ones, one document over every rank, one token per part (multi-hop
@@ -37,8 +37,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cakeconv import KcpContext, cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
-from cakeconv.cake_causal_conv1d_det_train_backend.kcp import from_fla
+from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_kcp
+from cakeconv.integrations import fla_kcp_context
+from cakeconv.integrations.fla_kcp_context import kcp_context_from_fla
 
 from ._dist import nccl_one_rank_group, run_on_ranks
 from .test_kcp_plan import random_cu_seqlens
@@ -61,7 +62,7 @@ FIELDS = ("cu_seqlens_cpu", "layout", "pre_num_conv_tokens", "part_len", "front_
 
 @dataclasses.dataclass
 class FlaContextStandIn:
-    """The fields of FLA 0.6.0's ``FLACPContext`` that from_fla reads (eq=True: unhashable, as FLA's)."""
+    """The fields of FLA 0.6.0's ``FLACPContext`` that fla_kcp_context reads (eq=True: unhashable, as FLA's)."""
 
     group: object = None
     cu_seqlens: torch.Tensor | None = None
@@ -174,7 +175,7 @@ def _bad_cases(P: int) -> list[tuple[list[dict], list[str]]]:
 
 
 class _AllGatherCount:
-    """Counts torch.distributed.all_gather calls (from_fla's and build_kcp_context's)."""
+    """Counts torch.distributed.all_gather calls (fla_kcp_context's and build_kcp_context's)."""
 
     def __init__(self):
         self.n = 0
@@ -235,10 +236,10 @@ def _check_from_fla(rank, world, cases, fields_by_case, bad_cases):
         for i, ((layout, cu), fields) in enumerate(zip(cases, fields_by_case)):
             fla_ctx = make_context(fields[rank], group)
             before = count.n
-            ctx = KcpContext.from_fla(fla_ctx)
+            ctx = kcp_context_from_fla(fla_ctx)
             derivation = count.n - before
             assert 2 <= derivation <= 3, f"rank {rank}: {derivation} all-gathers to derive"
-            assert KcpContext.from_fla(fla_ctx) is ctx and count.n == before + derivation, "the cache made a collective"
+            assert kcp_context_from_fla(fla_ctx) is ctx and count.n == before + derivation, "the cache made a collective"
             assert ctx.layout == layout and ctx.group is group and ctx.world_size == world
             assert ctx.global_cu_seqlens == tuple(sorted(set(cu))), (ctx.global_cu_seqlens, cu)
             assert ctx.local_token_indices.tolist() == _fla_local_tokens(layout, cu[-1], world, rank)
@@ -246,33 +247,33 @@ def _check_from_fla(rank, world, cases, fields_by_case, bad_cases):
         # a copy of the FLA context (as copy_for_backward makes) is another object: it derives again
         copy = dataclasses.replace(fla_ctx, cu_seqlens=fla_ctx.cu_seqlens.clone())
         before = count.n
-        again = KcpContext.from_fla(copy)
+        again = kcp_context_from_fla(copy)
         assert again is not ctx and count.n > before and again.global_cu_seqlens == ctx.global_cu_seqlens
         # a context changed in place (as FLA's CUDA-graph mode refreshes cu_seqlens) derives again
         fla_ctx.cu_seqlens.add_(0)
         before = count.n
-        refreshed = KcpContext.from_fla(fla_ctx)
+        refreshed = kcp_context_from_fla(fla_ctx)
         assert refreshed is not ctx and count.n > before and refreshed.global_cu_seqlens == ctx.global_cu_seqlens
-        assert KcpContext.from_fla(fla_ctx) is refreshed
+        assert kcp_context_from_fla(fla_ctx) is refreshed
         layout, cu = cases[2]  # its fields set to another batch's: that batch's context
         for name, value in vars(make_context(fields_by_case[2][rank], group)).items():
             setattr(fla_ctx, name, value)
-        check_against_single(rank, KcpContext.from_fla(fla_ctx), cu, 98, torch.float32, "reference")
+        check_against_single(rank, kcp_context_from_fla(fla_ctx), cu, 98, torch.float32, "reference")
         # an FLA context that is garbage-collected leaves the cache
-        cached = len(from_fla._CACHE)
+        cached = len(fla_kcp_context._CACHE)
         del fla_ctx, copy
         gc.collect()
-        assert len(from_fla._CACHE) == cached - 2, (cached, len(from_fla._CACHE))
+        assert len(fla_kcp_context._CACHE) == cached - 2, (cached, len(fla_kcp_context._CACHE))
     finally:
         count.restore()
     messages = []
     for fields, expected in bad_cases:
         with pytest.raises(ValueError, match=re.escape(expected[rank])) as info:
-            KcpContext.from_fla(make_context(fields[rank], group))
+            kcp_context_from_fla(make_context(fields[rank], group))
         messages.append(str(info.value))
     # after the failures a valid context still derives (nothing was left half-built)
     layout, cu = cases[2]
-    check_against_single(rank, KcpContext.from_fla(make_context(fields_by_case[2][rank], group)), cu, 99,
+    check_against_single(rank, kcp_context_from_fla(make_context(fields_by_case[2][rank], group)), cu, 99,
                          torch.float32, "reference")
     return messages
 
@@ -292,7 +293,7 @@ def test_from_fla_bitwise_on_every_rank(world):
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_global_boundaries_from_local_tables(layout):
-    """Encode each rank's local parts as from_fla's all-gather carries them; decode on the host."""
+    """Encode each rank's local parts as fla_kcp_context's all-gather carries them; decode on the host."""
     rng = random.Random(7)
     checked = 0
     for rep in range(150):
@@ -302,9 +303,9 @@ def test_global_boundaries_from_local_tables(layout):
         T = parts * L
         cu = sorted([min(c, T) for c in random_cu_seqlens(rng, rng.randint(1, 3 * T), rng.choice([3, T]))] + [T])
         fields = [fla_context_fields(cu, P, r, layout) for r in range(P)]
-        encoded = [from_fla.encode_parts(*from_fla.local_parts(make_context(f, None), r, P), P)
+        encoded = [fla_kcp_context.encode_parts(*fla_kcp_context.local_parts(make_context(f, None), r, P), P)
                    for r, f in enumerate(fields)]
-        got = from_fla.global_cu_seqlens([e[0] for e in encoded], [e[1] for e in encoded])
+        got = fla_kcp_context.global_cu_seqlens([e[0] for e in encoded], [e[1] for e in encoded])
         assert got == sorted(set(cu)), (P, layout, cu, got)
         checked += 1
     assert checked == 150
@@ -314,18 +315,18 @@ def test_inconsistent_tables_raise():
     P, L = 2, 8
     a = [fla_context_fields([0, 5, 16], P, r, "contiguous") for r in range(P)]
     b = fla_context_fields([0, 6, 16], P, 1, "contiguous")
-    encoded = [from_fla.encode_parts(*from_fla.local_parts(make_context(f, None), r, P), P)
+    encoded = [fla_kcp_context.encode_parts(*fla_kcp_context.local_parts(make_context(f, None), r, P), P)
                for r, f in enumerate([a[0], b])]
     expected = "rank 1's part starting at token 8 continues a document that starts at token 6"
     with pytest.raises(ValueError, match=expected):
-        from_fla.global_cu_seqlens([e[0] for e in encoded], [e[1] for e in encoded])
+        fla_kcp_context.global_cu_seqlens([e[0] for e in encoded], [e[1] for e in encoded])
     bad = make_context(dict(a[1], pre_num_conv_tokens=9), None)
     with pytest.raises(ValueError, match="pre_num_conv_tokens = 9"):
-        from_fla.local_parts(bad, 1, P)
+        fla_kcp_context.local_parts(bad, 1, P)
     with pytest.raises(ValueError, match="no process group"):
-        KcpContext.from_fla(make_context(a[0], None))
+        kcp_context_from_fla(make_context(a[0], None))
     with pytest.raises(ValueError, match="without group"):
-        KcpContext.from_fla(object())
+        kcp_context_from_fla(object())
 
 
 def test_stand_in_builder_agrees_with_flas():
@@ -355,7 +356,7 @@ def nccl_group():
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_gpu_nccl_one_rank_flas_builder(nccl_group, layout):
-    """FLA's build_cp_context on a 1-rank NCCL group: from_fla, the KCP op (Triton), and FLA's
+    """FLA's build_cp_context on a 1-rank NCCL group: kcp_context_from_fla, the KCP op (Triton), and FLA's
     functional op through cakeconv (bf16 taps cast to FP32 inside): y and dx bitwise the single-rank op."""
     if _fla_cp_builder() is None:
         pytest.skip("flash-linear-attention (fla 0.6.0) is not importable")
@@ -366,8 +367,8 @@ def test_gpu_nccl_one_rank_flas_builder(nccl_group, layout):
     T, C = 16384, 256
     cu = torch.tensor([0, 1, 3, 3, 5000, 8190, 8194, 12000, T], dtype=torch.int32, device="cuda")
     fla_ctx = build_cp_context(cu, nccl_group, conv1d_kernel_size=4, layout=layout)
-    ctx = KcpContext.from_fla(fla_ctx)
-    assert KcpContext.from_fla(fla_ctx) is ctx and ctx.device == torch.device("cuda", torch.cuda.current_device())
+    ctx = kcp_context_from_fla(fla_ctx)
+    assert kcp_context_from_fla(fla_ctx) is ctx and ctx.device == torch.device("cuda", torch.cuda.current_device())
     assert ctx.local_token_indices.tolist() == _fla_local_tokens(layout, T, 1, 0)
     g = torch.Generator(device="cuda").manual_seed(3)
     x = torch.randn(T, C, device="cuda", generator=g).bfloat16()

@@ -71,14 +71,13 @@ from tests.helpers import deal_fragments  # noqa: E402
 from tests.kcp.test_kcp_fla_context import fla_context_fields, make_context  # noqa: E402
 
 from cakeconv import (  # noqa: E402
-    KcpContext,
     RecomputeHandleDetKcp,
     build_kcp_context,
     cake_causal_conv1d_det,
     cake_causal_conv1d_det_kcp,
     cake_causal_conv1d_det_multi_kcp,
 )
-from cakeconv.integrations.fla import causal_conv1d  # noqa: E402
+from cakeconv.integrations.fla import causal_conv1d, kcp_context_from_fla  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -699,7 +698,7 @@ def _fla_cp_context(env, cu_list, layout, builder):
 
 @check
 def fla_context(env, chk):
-    """One FLA context per batch serves cakeconv's ``causal_conv1d`` (``KcpContext.from_fla``): y and
+    """One FLA context per batch serves cakeconv's ``causal_conv1d`` (``kcp_context_from_fla``): y and
     dx bitwise the single-rank op's on this rank's rows (FLA's local buffer), the all-reduced taps'
     and bias's gradients close (FP32 taps: FP32 reordering; BF16 taps: each rank's partial sum is
     rounded to BF16), the derived context cached per FLA context."""
@@ -717,9 +716,9 @@ def fla_context(env, chk):
         batches = [mixed_cu(rng, T, P), [0, T], [0, 3, T - 5, T], [0, 2 * P] if layout == "zigzag" else [0, P]]
         for i, cu_list in enumerate(batches):
             fla_ctx = _fla_cp_context(env, cu_list, layout, builder)
-            ctx = KcpContext.from_fla(fla_ctx)
+            ctx = kcp_context_from_fla(fla_ctx)
             label = f"fla_context {layout} batch {i} (T = {cu_list[-1]}, D = {ctx.num_segments})"
-            chk.expect(KcpContext.from_fla(fla_ctx) is ctx, f"{label}: a second from_fla derived a new context")
+            chk.expect(kcp_context_from_fla(fla_ctx) is ctx, f"{label}: a second kcp_context_from_fla derived a new context")
             chk.expect(ctx.layout == layout and ctx.world_size == P, f"{label}: {ctx!r}")
             wdtype = BF16 if i % 2 else FP32
             x, dy, w, b = global_inputs(env, cu_list[-1], C, BF16, True, 900 + i)

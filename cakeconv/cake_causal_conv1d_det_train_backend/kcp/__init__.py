@@ -3,7 +3,6 @@
 - ``plan.py``      layouts, fragment tables and each rank's tables (host, once per batch and conv width)
 - ``exchange.py``  the point-to-point halo messages
 - ``context.py``   ``KcpContext`` / ``build_kcp_context`` (the plan on the device, the group)
-- ``from_fla.py``  ``KcpContext.from_fla``: the context of the batch a flash-linear-attention FLACPContext describes
 - ``ops.py``       the programs, the autograd Functions, the custom ops, the recompute handle
 """
 

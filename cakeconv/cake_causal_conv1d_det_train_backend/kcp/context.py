@@ -208,31 +208,6 @@ class KcpContext:
             f"num_segments={self.num_segments}, device={self.device})"
         )
 
-    @classmethod
-    def from_fla(cls, fla_context, *, device=None) -> "KcpContext":
-        """The context of the batch that flash-linear-attention's ``FLACPContext`` describes.
-
-        For model code that uses FLA's context parallelism: the FLA context that its CP ops take
-        (``fla.ops.cp.build_cp_context(cu_seqlens, group, conv1d_kernel_size=4, layout=...)``,
-        layout ``contiguous`` or ``zigzag``) gives the KCP context of the same batch, group, layout
-        and local rows. The FLA context holds only this rank's document boundaries: the global ones
-        are rebuilt from every rank's with two small all-gathers, then ``build_kcp_context`` runs
-        (from_fla.py). The result is cached per FLA context object: the first call is a collective
-        over the FLA context's group (every rank must make it), later calls return the same
-        context with no host work (so make the first call before capturing a CUDA graph).
-
-        Args:
-            fla_context: an ``fla.ops.cp.FLACPContext`` with a process group.
-            device: where the tables live; default the device of ``fla_context.cu_seqlens``.
-
-        Raises:
-            ValueError: not an FLA CP context, no group, another layout, or contexts of the ranks
-                that do not describe one batch (raised on every rank).
-        """
-        from .from_fla import kcp_context_from_fla  # from_fla.py imports this module
-
-        return kcp_context_from_fla(fla_context, device=device)
-
     def load_layout_(self, other: "KcpContext") -> "KcpContext":
         """Copy another context's tables into this context's device tensors, in place.
 

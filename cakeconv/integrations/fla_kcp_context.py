@@ -1,5 +1,8 @@
 """A KCP context derived from flash-linear-attention's context-parallel context (``FLACPContext``).
 
+Part of the FLA integration (``cakeconv.integrations.fla`` re-exports ``kcp_context_from_fla``):
+the core KCP package knows nothing of FLA.
+
 Model code that uses FLA's context parallelism builds one ``FLACPContext`` per batch
 (``fla.ops.cp.build_cp_context(cu_seqlens, group, conv1d_kernel_size=4, layout=...)``) and passes
 it to each CP op of a layer (the short convolution, the KDA step). ``kcp_context_from_fla`` turns
@@ -43,7 +46,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .context import KcpContext, _collective_device, build_kcp_context
+from ..cake_causal_conv1d_det_train_backend.kcp.context import KcpContext, _collective_device, build_kcp_context
 
 FLA_LAYOUTS = {"contiguous": 0, "zigzag": 1}
 # The fields of FLA 0.6.0's FLACPContext that the derivation reads.
@@ -138,7 +141,7 @@ def _derive(fla_context, group, device) -> KcpContext:
     """Steps 1-4 of the module docstring (collectives over ``group``)."""
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     if rank < 0:
-        raise ValueError(f"KcpContext.from_fla: this process is not a member of the FLA context's group {group!r}")
+        raise ValueError(f"kcp_context_from_fla: this process is not a member of the FLA context's group {group!r}")
     error, header, inner = None, [0] * _HEADER, []
     try:
         header, inner = encode_parts(*local_parts(fla_context, rank, world_size), world_size)
@@ -151,14 +154,14 @@ def _derive(fla_context, group, device) -> KcpContext:
     if failed:
         if error is not None:
             raise error
-        raise ValueError(f"KcpContext.from_fla failed on rank(s) {failed} of the group (see the error raised "
+        raise ValueError(f"kcp_context_from_fla failed on rank(s) {failed} of the group (see the error raised "
                          f"there); every rank raises so that none waits for the others")
     for field, name in ((1, "layout"), (2, "world size"), (3, "part length (T / P, or T / 2P for zigzag)")):
         values = sorted({h[field] for h in headers_PH})
         if len(values) > 1:
             if field == 1:
                 values = [n for n, i in FLA_LAYOUTS.items() if i in values]
-            raise ValueError(f"KcpContext.from_fla: the FLA contexts of the ranks differ in {name} ({values}); "
+            raise ValueError(f"kcp_context_from_fla: the FLA contexts of the ranks differ in {name} ({values}); "
                              f"they must be built from one batch with one layout")
 
     max_inner = max(h[7] + h[10] for h in headers_PH)
@@ -185,7 +188,7 @@ def local_parts(fla_context, rank: int, world_size: int):
     """
     layout = fla_context.layout
     if layout not in FLA_LAYOUTS:
-        raise ValueError(f"KcpContext.from_fla takes FLA's layouts {tuple(FLA_LAYOUTS)}, got layout {layout!r}")
+        raise ValueError(f"kcp_context_from_fla takes FLA's layouts {tuple(FLA_LAYOUTS)}, got layout {layout!r}")
     cu_cpu = fla_context.cu_seqlens_cpu if fla_context.cu_seqlens_cpu is not None else fla_context.cu_seqlens.cpu()
     cu = [int(v) for v in cu_cpu.tolist()]
     if len(cu) < 2 or cu[0] != 0 or any(b <= a for a, b in zip(cu, cu[1:])):
@@ -255,7 +258,7 @@ def global_cu_seqlens(headers_PH, inner_PB) -> list[int]:
         if cu[i] != doc_start or cu[i + 1] <= start:
             seen = cu[i] if cu[i] != doc_start else cu[i + 1]
             raise ValueError(
-                f"KcpContext.from_fla: the FLA contexts of the ranks do not describe one batch: rank {r}'s part "
+                f"kcp_context_from_fla: the FLA contexts of the ranks do not describe one batch: rank {r}'s part "
                 f"starting at token {start} continues a document that starts at token {doc_start} "
                 f"(pre_num_conv_tokens = {pre}), but the ranks' boundaries put one at token {seen}")
     return cu
