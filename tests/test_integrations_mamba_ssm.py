@@ -176,6 +176,38 @@ def test_pair_errors_name_the_value():
         cdao.causal_conv1d_fwd_function(x, w, b, None, None, None, True, backend="cuda")
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("packed", [False, True])
+def test_pair_on_the_triton_kernels_writes_dx_in_place(monkeypatch, packed):
+    """Tier 2: the Triton kernels (CPU interpreter) read x and write dx as rows of the wider
+    projection, in place: the backward's fast path prepared for dx's own row stride, no copy."""
+    from cakeconv.cake_causal_conv1d_det_train_backend import conv
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("dx went through a temporary copy")
+    monkeypatch.setattr(conv, "_rows_out", no_copy)
+    B, T, Z, lo, D, W = (1, 40, 72, 16, 32, 4) if packed else (2, 17, 72, 16, 32, 4)
+    z_BTZ, x_BDT = projection(B, T, Z, lo, D, torch.bfloat16, seed=11)
+    w_DW, b_D = taps(D, W)
+    seq_idx = seq_ids(B, T, [3, 4, 25]) if packed else None
+    y_BDT = cdao.causal_conv1d_fwd_function(x_BDT, w_DW, b_D, seq_idx, None, None, True, backend="triton")
+    gen = torch.Generator().manual_seed(12)
+    dout_BDT = torch.randn(B, T, D, generator=gen).bfloat16().transpose(1, 2)
+    dz_BTZ = torch.full((B, T, Z), 5.0, dtype=torch.bfloat16)
+    dx_BDT = dz_BTZ[..., lo:lo + D].transpose(1, 2)
+    got = cdao.causal_conv1d_bwd_function(x_BDT, w_DW, b_D, dout_BDT, seq_idx, None, None, dx_BDT, False, True,
+                                          backend="triton")
+    assert got[0] is dx_BDT
+    assert torch.all(dz_BTZ[..., :lo] == 5.0) and torch.all(dz_BTZ[..., lo + D:] == 5.0)
+    ref_y = cdao.torch_causal_conv1d_fn(x_BDT.double(), w_DW.double(), b_D.double(), seq_idx, activation="silu")
+    ref = cdao.torch_causal_conv1d_bwd_function(x_BDT.double(), w_DW.double(), b_D.double(), dout_BDT.double(),
+                                                seq_idx, None, None, None, False, True)
+    torch.testing.assert_close(y_BDT.double(), ref_y, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(dx_BDT.double(), ref[0], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got[1].double(), ref[1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[2].double(), ref[2], rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------------ tier 2: the module swap
 
 STAND_IN = {

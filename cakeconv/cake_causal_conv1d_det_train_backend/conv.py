@@ -156,12 +156,13 @@ class Plan:
         self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, *self._layout[1:], p.seq_len,
                                    width=p.W, activation=p.activation)
 
-    def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype):
+    def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype, dx_stride: Optional[int] = None):
         """The prepared backward launches for this dy (checked here the first time its layout is
-        seen; a bad dy raises) writing a contiguous dx and dw / db of ``dw_dtype``; None when the
-        general path must run (no fast path for this problem, or dy's rows need a copy)."""
+        seen; a bad dy raises) writing dx with rows ``dx_stride`` apart (None: contiguous, C) and
+        dw / db of ``dw_dtype``; None when the general path must run (no fast path for this
+        problem, or dy's rows need a copy)."""
         try:
-            key = (dy.shape, dy.stride(), dy.dtype, dy.device, dw_dtype)
+            key = (dy.shape, dy.stride(), dy.dtype, dy.device, dw_dtype, dx_stride)
         except (AttributeError, TypeError):  # not a tensor: the check names it
             checks.check_dy(dy, x)
             raise
@@ -172,7 +173,8 @@ class Plan:
             dy_stride = _row_stride(dy, self.S, self.C) if self._layout is not None else None
             if dy_stride is not None:
                 x_stride, w_dtype, b_dtype, cu_dtype, n_cu = self._layout
-                launches = prepare_backward(self.S, self.C, x_stride, dy_stride, self.C, self.dtype, dy.dtype, w_dtype,
+                launches = prepare_backward(self.S, self.C, x_stride, dy_stride, dx_stride or self.C, self.dtype,
+                                            dy.dtype, w_dtype,
                                             b_dtype, cu_dtype, n_cu, self.seq_len, dw_dtype, width=self.W,
                                             activation=self.activation)
             self._bwd[key] = launches
@@ -244,16 +246,18 @@ def _forward(plan: Plan, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu_s
 
 def _backward(plan: Plan, launches, dy: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor],
               cu_seqlens: Optional[Tensor], dx: Tensor, ws_F: Optional[Tensor], dw_CW: Tensor, db_C: Optional[Tensor],
-              compiled: bool = False) -> None:
+              compiled: bool = False, dx_strided: bool = False) -> None:
     """dx, dw_CW [C, W] and db_C (if not None; dw's dtype) for a validated call (its plan: width and
     activation) and dy: ``launches`` is ``plan.backward_for(dy, x, dw_CW.dtype)``, which checked dy.
 
     ws_F: FP32 workspace of ``backward_workspace_floats(S, C, W)`` elements (Triton; None: allocated).
     compiled: called by the custom op (torch.compile): the one-group kernel's ticket counters come
     from the workspace (kernels/launch.py, ``TicketCounters``).
+    dx_strided: ``launches`` were prepared for dx's own row stride (a dx that is not contiguous but
+    whose rows are viewable in place, e.g. a slice of a wider gradient): written in place.
     """
     S, C = plan.S, plan.C
-    if launches is not None and dx.is_contiguous():  # the fast path: launch set-up done, no views
+    if launches is not None and (dx_strided or dx.is_contiguous()):  # the fast path: set-up done, no views
         if ws_F is None:
             ws_F = dw_CW.new_empty(plan.n_ws, dtype=torch.float32)
         with _on_device(plan.device_index):
@@ -471,8 +475,15 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
         launches = plan.backward_for(dy, x, dweight_dtype)  # checks dy
     if dweight_dtype not in _GRAD_DTYPES:
         raise TypeError(f"dweight_dtype must be torch.float32, bfloat16 or float16, got {dweight_dtype}")
+    dx_strided = False
     if dx is not None and not compiling:
         checks.check_like("dx", dx, x.shape, x.dtype, x.device)
+        if launches is not None and not dx.is_contiguous():  # rows of a wider tensor: written in place
+            S_dx = dx.numel() // dx.shape[-1] if dx.shape[-1] else 0
+            dx_stride = _row_stride(dx, S_dx, dx.shape[-1]) if S_dx else None
+            if dx_stride is not None:
+                launches = plan.backward_for(dy, x, dweight_dtype, dx_stride)
+                dx_strided = launches is not None
     C = x.shape[-1]
     S = x.numel() // C if C else 0
     W = weight.shape[-1]
@@ -507,7 +518,7 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
         db = db_C if db_C is not None else dw_CW.new_empty((0,))
         backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db, activation)
     else:
-        _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx_out, ws_F, dw_CW, db_C)
+        _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx_out, ws_F, dw_CW, db_C, dx_strided=dx_strided)
     return dx_out, dw_CW, db_C
 
 
