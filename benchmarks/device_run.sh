@@ -51,6 +51,12 @@
 #              TEST_TIMEOUT_S (300 s), all until INTEGRATION_TESTS_S (420 s); then
 #              benchmarks/bench_model_swap.py (SWAP_ARGS, until SWAP_S, 240 s) (carry .fla)
 #                                                                                     -> integrations.tgz
+#   modelstep  benchmarks/bench_model_step.py, once Dao's build is ready: training steps of FLA's KDA layer and
+#              KDAForCausalLM and of mamba_ssm's Mamba2 layer (fused path) with the library's conv, cakeconv and no
+#              conv, each mamba_ssm mode in its own process, determinism over repeats; mamba_ssm's source unpacked
+#              into /tmp/mamba from .fla/, shared/peers/ or ../shared/peers/mamba_ssm-2.3.2.post1.tar.gz;
+#              MODELSTEP_ARGS adds options (e.g. "--parts kda"), all within MODELSTEP_S (570 s) (carry .fla)
+#                                                                    -> modelstep.tgz: <gpu>_model_step.{json,log}, ...
 #   multigpu   the multi-GPU test tier, tests/multigpu/run.sh NGPU                   -> <gpu>x<NGPU>_multigpu_tier.log
 # Kernel tools (the three steps add to one file, <gpu>_ncu_kernel_times.tgz)
 #   ncu        Nsight Compute counters of the main kernels with the tuner's picks, no bias (NCU_BIAS), one run per
@@ -63,6 +69,7 @@
 # One H200, the README's table:  bash benchmarks/device_run.sh daobuild summary                  (carry .fla)
 #   with more:                   bash benchmarks/device_run.sh daobuild warmbg summary hostcost mixes
 #   every width:                 bash benchmarks/device_run.sh daobuild widths                   (carry .fla)
+#   real layers and models:      bash benchmarks/device_run.sh daobuild modelstep                (carry .fla)
 # Two H200s:                     NGPU=2 bash benchmarks/device_run.sh kcpbench
 # Variables: BENCH_ARGS is appended to the single-GPU benchmark's command lines (BENCH_ARGS=--dry-run tries the
 # benchmark steps on a CPU, with S = 1531 in the rows); KCP_ARGS to the KCP benchmark's; BENCH_COMMIT is the commit
@@ -282,6 +289,23 @@ for step in "$@"; do
            echo "bench_model_swap: rc $?"; tail -15 "$OUT/integrations/${GPU_TAG}_model_swap.log"
          fi
          pack integrations ;;
+    modelstep) # FLA's KDA layer and model, mamba_ssm's Mamba2 layer: the library's conv, cakeconv, no conv (Dao's build
+         # waited for; mamba_ssm needs no build: its __init__, which imports Mamba1's extension, is never run)
+         quiet; mkdir -p "$OUT/modelstep"; msrc=""
+         for c in .fla/mamba_ssm-2.3.2.post1.tar.gz shared/peers/mamba_ssm-2.3.2.post1.tar.gz \
+                  ../shared/peers/mamba_ssm-2.3.2.post1.tar.gz; do
+           [ -z "$msrc" ] && [ -f "$c" ] && msrc=$c
+         done
+         rm -rf /tmp/mamba; mkdir -p /tmp/mamba
+         if [ -n "$msrc" ]; then tar -xzf "$msrc" -C /tmp/mamba
+         else echo "modelstep: no mamba_ssm-2.3.2.post1.tar.gz (copy it into .fla/ and carry .fla): the Mamba2 rows are skipped"; fi
+         limit=${MODELSTEP_S:-570}
+         timeout "$limit" python3 benchmarks/bench_model_step.py --mamba-src /tmp/mamba/mamba_ssm-2.3.2.post1 \
+           --time-limit $((limit - 15)) ${MODELSTEP_ARGS:-} --out "$OUT/modelstep" --name "${GPU_TAG}_model_step" \
+           > "$OUT/modelstep/${GPU_TAG}_model_step.log" 2> "$OUT/modelstep/progress.log"
+         r=$?; echo "modelstep: rc $r"; [ $r -ne 0 ] && tail -15 "$OUT/modelstep/progress.log"
+         pack modelstep
+         tar -xzOf "$OUT/modelstep.tgz" "modelstep/${GPU_TAG}_model_step_table.txt" 2>/dev/null | cut -c1-260 ;;
     multigpu) bash tests/multigpu/run.sh "$NGPU" 2>&1 | tee "$OUT/${GPU_TAG}x${NGPU}_multigpu_tier.log" | tail -30 ;;
     ncu) unpack "$KT_PACK"; mkdir -p "$OUT/$KT_PACK/ncu"
          NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
