@@ -46,7 +46,8 @@
 #   flatests   the FLA drop-in's GPU tests, tests/test_integrations_fla.py (carry .fla; FLA autotunes every kernel on
 #              first use: a run of its own)                                           -> <gpu>_pytest_gpu_fla.log
 #   flaexample examples/train_fla_model.py, swapped and unswapped (carry .fla)        -> <gpu>_train_fla_model.{json,log}
-#   integrations the GPU tests of the Dao and transformers integrations and of FLA's context under KCP, once Dao's
+#   integrations the GPU tests of the Dao, mamba_ssm (the real Mamba2 layer: .fla/mamba_ssm-*.tar.gz) and transformers
+#              integrations and of FLA's context under KCP, once Dao's
 #              build is ready (two of them compare with it, and its nvcc jobs take every core), each test at most
 #              TEST_TIMEOUT_S (300 s), all until INTEGRATION_TESTS_S (420 s); then
 #              benchmarks/bench_model_swap.py (SWAP_ARGS, until SWAP_S, 240 s) (carry .fla)
@@ -273,7 +274,11 @@ for step in "$@"; do
          for ext in json log; do mv "$OUT/fla/train_fla_model.$ext" "$OUT/${GPU_TAG}_train_fla_model.$ext" 2>/dev/null; done
          rm -rf "${OUT:?}/fla" ;;
     integrations) mkdir -p "$OUT/integrations"
-         files=$(ls tests/test_integrations_dao.py tests/test_integrations_transformers.py tests/kcp/test_kcp_fla_context.py 2>/dev/null)
+         files=$(ls tests/test_integrations_dao.py tests/test_integrations_transformers.py tests/kcp/test_kcp_fla_context.py \
+           tests/test_integrations_mamba_ssm.py 2>/dev/null)
+         # the real Mamba2 layer's GPU test unpacks mamba_ssm's source package (carried in .fla/)
+         for f in .fla/mamba_ssm-2.3.2.post1.tar.gz shared/peers/mamba_ssm-2.3.2.post1.tar.gz; do
+           [ -f "$f" ] && { export MAMBA_SSM_SDIST=$PWD/$f; break; }; done
          # a test over TEST_TIMEOUT_S fails with its traceback instead of silencing the report (pytest-timeout)
          per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout ${TEST_TIMEOUT_S:-300}")
          wait_dao
