@@ -7,7 +7,8 @@ seed, and times full training steps (forward, loss, backward, AdamW step, zero_g
 
 - ``transformers``: the model as transformers runs it: Dao's ``causal_conv1d_fn`` when causal-conv1d
   imports, else transformers' PyTorch fallback (the JSON says which);
-- ``cakeconv``: the same model after ``swap_causal_conv1d``;
+- ``cakeconv``: the same model with what ``swap_causal_conv1d`` binds in its modeling module, forced
+  around this row's steps only (the swap is process-wide: the other rows must not run it);
 - ``dao``: Dao's function forced into the modeling module while that model runs (only when
   causal-conv1d imports; it is then also what ``transformers`` runs, measured twice on purpose:
   the two rows' difference is the run's noise);
@@ -55,7 +56,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from cakeconv.integrations import dao as cdao  # noqa: E402
-from cakeconv.integrations.transformers import swap_causal_conv1d  # noqa: E402
+from cakeconv.integrations.transformers import swap_causal_conv1d, unswap_causal_conv1d  # noqa: E402
 
 STEM = "bench_model_swap"
 
@@ -268,13 +269,17 @@ def variants(args, config, device, dtype, batch):
     dao = cdao.dao_causal_conv1d()
     plain = build_model(config, device, dtype)
     swapped = build_model(config, device, dtype)
-    n_swapped = swap_causal_conv1d(swapped)
-    assert n_swapped > 0, "no layer of the model was swapped"
+    # The swap rebinds the modeling module's global for every model of the process: take what it
+    # binds, undo it, and force that binding around the cakeconv row's steps only.
+    report = swap_causal_conv1d(swapped)
+    assert report.swapped > 0, "no layer of the model was swapped"
+    cake = ConvForced(modeling_module().causal_conv1d_fn,
+                      f"cakeconv (swap_causal_conv1d: {len(report.on_cakeconv)} convolutions reached)")
+    unswap_causal_conv1d()
     out = {
         "transformers": (make_step(plain, batch, contextlib.nullcontext),
                          "Dao's causal_conv1d_fn" if dao else "transformers' PyTorch fallback"),
-        "cakeconv": (make_step(swapped, batch, contextlib.nullcontext),
-                     f"cakeconv ({n_swapped} layers swapped)"),
+        "cakeconv": (checked(make_step(swapped, batch, cake), cake), cake.runs),
     }
     if dao is not None:
         forced = {"dao": ConvForced(dao_conv(dao[0]), "Dao's causal_conv1d_fn, forced")}

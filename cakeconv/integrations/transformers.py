@@ -1,112 +1,148 @@
-"""Hugging Face transformers' causal-conv1d calls on cakeconv, in one call: ``swap_causal_conv1d``.
+"""Hugging Face transformers' short convolutions on cakeconv, in one call: ``swap_causal_conv1d``.
 
 transformers' linear-attention and state-space layers (Qwen3-Next's and Qwen3.5's GatedDeltaNet,
 Mamba2, Falcon-Mamba, Jamba, LFM2, LFM3, the Inkling families, Kimi-Linear, Olmo-Hybrid, ...) run
-their short convolution through Dao's ``causal_conv1d_fn`` when causal-conv1d is installed, else
-through a slower PyTorch path. ``swap_causal_conv1d(model)`` makes every such layer of a model call
-``cakeconv.integrations.dao.causal_conv1d_fn`` instead (deterministic, and faster than both; see
-that module for what runs on cakeconv and what it delegates: every width from 2 to 8, with SiLU or
-without an activation, runs on cakeconv at its real width). It never imports transformers: it
-finds the call sites in the model's modules.
+their short convolution through the function ``causal_conv1d_fn`` of their modeling module: Dao's
+function when causal-conv1d is installed and x is on a CUDA device, else transformers' PyTorch
+fallback. ``swap_causal_conv1d(model)`` rebinds that function, in the modeling module of every
+layer of ``model``, to a callable that runs ``cakeconv.integrations.dao.causal_conv1d_fn``
+(deterministic, and faster than both; see that module for what runs on cakeconv and what it
+delegates: every width from 2 to 8, with SiLU or without an activation, runs on cakeconv at its
+real width). It returns a ``SwapReport`` that names each convolution of the model, whether it now
+runs cakeconv and why (or why not), and warns (``CakeconvSwapWarning``) when some stay off it.
+``unswap_causal_conv1d()`` puts back exactly what the swap replaced. This module never imports
+transformers.
 
-What reaches cakeconv, in transformers 5.25. Each of the 25 modeling files that call the short
-convolution (Bailing-Hybrid, Bamba, Falcon-H1, Falcon-Mamba, GLM-5-Next, GraniteMoeHybrid,
-Inkling, Inkling2, Inkling2-Loop, Jamba, Kimi-Linear, Lara-Mini, LFM2, LFM2-MoE, LFM3, Mamba,
-Mamba2, NemotronH, Olmo-Hybrid, Qwen3.5, Qwen3.5-MoE, Qwen3-Next, Qwen4-Exp, Zamba, Zamba2; the
-language models of LFM2-VL and LFM3-VL are LFM2 and LFM3) routes it through one function of the
-module, ``causal_conv1d_forward(conv1d, hidden_states, cache, layer_idx, activation=...,
-**kwargs)``. That function calls ``causal_conv1d_fn`` (Dao's function, or transformers' PyTorch
-fallback: ``F.conv1d`` with the layer's ``nn.Conv1d`` taps, then the activation) for every call
-but a one-token decode step with a cache, which calls ``causal_conv1d_update``. So the swap
-reaches the PyTorch path as well as Dao's by replacing the function, not the ``nn.Conv1d``
-module; with a cache (prefill, chunked prefill) the cache prepends the conv state to x and the
-call still runs on cakeconv. The width and the activation are the layer's own: LFM2 and LFM2-MoE
-W = 3 and LFM3 W = 7, the Inkling families W = 4 (four convolutions per layer), all three without
-an activation; the others mostly W = 4 with SiLU (``config.hidden_act``). What is not reached: the
-one-token decode step (conv state is delegated, see ``cakeconv.integrations.dao``); the fused
-training kernels of mamba_ssm (``mamba_split_conv1d_scan_combined``, ``mamba_inner_fn``), which
-the Mamba-style layers (Mamba, Mamba2, Bamba, Falcon-H1, GraniteMoeHybrid, NemotronH, Zamba2)
-call first when mamba_ssm is installed and x is on a GPU, and which compute the convolution inside
-them (without them those layers take the path above); and Qwen4-Exp's second, dilated
-convolution, which calls its ``nn.Conv1d`` directly (a dilated convolution is not cakeconv's op;
-neither is LFM3-VL's vision tower's 2D convolution).
+The swap is process-wide. A modeling module is shared by every model built from it: after
+``swap_causal_conv1d(model)``, every model of the same family in the process (an unswapped copy
+made before the swap, a model built later, the reference model of a comparison) calls cakeconv as
+well, until ``unswap_causal_conv1d()``. To compare against transformers' own convolution in one
+process, run the reference before the swap or after the unswap.
 
-transformers holds the function in one of three ways, and the swap handles each:
+How transformers holds the function, and what the swap does with each form:
 
 1. An instance attribute ``module.causal_conv1d_fn`` (transformers 4.57's
    ``Qwen3NextGatedDeltaNet``, and code written in that style): Dao's function, or None, in which
    case the layer runs its ``nn.Conv1d`` and the activation. The swap sets the attribute to
    cakeconv's function, None included, and ``module.causal_conv1d_update`` to
    ``cakeconv.integrations.dao.causal_conv1d_update`` where it is None (so that decoding works).
-2. A module-level function (transformers 5.x, every model above): the layer's methods call the
-   global ``causal_conv1d_fn`` of their modeling module, which transformers resolved at import to
-   Dao's function or to its PyTorch fallback (which refuses ``seq_idx``), directly (5.17) or
-   through another function of that module (5.25: ``forward`` calls ``causal_conv1d_forward``,
-   which calls ``causal_conv1d_fn``). The swap changes the layer's class (``module.__class__``) to
-   a subclass built once per class: each method that reads that global, or a function of its
-   module that leads to it (through decorators too, at any depth), is replaced by a copy of itself,
-   with the same code and decorators, whose globals are those of its modeling module with
-   ``causal_conv1d_fn`` bound to cakeconv's and each function leading to it bound to such a copy. Only the swapped instances change: another instance of the same class, in the same
-   process, keeps transformers' function. The copies see the module's globals as they were at
-   the latest ``swap_causal_conv1d`` call (a name of the modeling module patched after it is not
-   seen by swapped methods until the next call). The subclass keeps the class's name, so model
-   code that checks class names is unaffected; ``is_swapped(module)`` tells. The decode step
-   (``causal_conv1d_update``) stays transformers' own: Dao's when installed, else its PyTorch one.
+   This form alone is per instance; the originals are kept on the instance for the unswap.
+2. A global of the modeling module (transformers 5.x without the ``kernels`` package): the
+   layer's methods call ``causal_conv1d_fn`` directly (5.17) or through the module's
+   ``causal_conv1d_forward`` (5.25), both by name at call time. The swap rebinds the global,
+   ``modeling_module.causal_conv1d_fn = CakeCausalConv1dForTransformers(original, cake_backend)``,
+   as Liger Kernel patches transformers' modeling modules; the layers' code is unchanged.
+3. A ``kernels`` function module (transformers 5.25 with the ``kernels`` package, which it
+   requires): the globals ``causal_conv1d_fn`` and ``causal_conv1d_forward`` are ``nn.Module``
+   instances made by ``kernels.use_kernel_forward_from_hub``, and each layer holds private copies of
+   them in ``module._kernel_funcs`` (``kernels.use_kernelized_func``: the place where
+   ``kernels.kernelize`` puts a hub kernel). A call of a global is routed to the calling layer's
+   private copy by the global object itself, and ``causal_conv1d_forward`` (its private copy runs
+   transformers' function) looks the name ``causal_conv1d_fn`` up in the module at call time. So a
+   rebound global is what it calls, and the private ``causal_conv1d_fn`` copies are no longer
+   reached (a hub kernel ``kernelize`` put on one of them is bypassed too). The swap rebinds the
+   global as in form 2, to a new function module of the same ``kernels`` class whose ``forward`` is
+   the ``CakeCausalConv1dForTransformers`` (as ``kernelize`` sets a hub kernel's): ``kernels``
+   rebuilds a layer's private copies from the global's class when a model is unpickled, so a model
+   unpickled while swapped still gets transformers' own copies. What the rebinding does not reach:
+   a hub kernel ``kernelize`` put on a layer's private ``causal_conv1d_forward`` (it does not call
+   ``causal_conv1d_fn``), and one put on a fused Mamba kernel (below). The report names such layers.
 
-3. Per-instance kernel functions (transformers 5.25 with the ``kernels`` package, which it
-   requires): the modeling module's ``causal_conv1d_fn`` is a ``kernels`` function module, and
-   each layer instance holds its private copy in ``module._kernel_funcs["causal_conv1d_fn"]``,
-   which its forward routes the global's calls to (``kernels.use_kernelized_func``, the place where
-   ``kernels.kernelize`` puts a hub kernel). The swap sets that copy's ``forward`` to cakeconv's,
-   as ``kernelize`` does with its kernels; what it replaced (transformers' function, or a kernel
-   ``kernelize`` put there before) runs the calls cakeconv does not take. Per instance, like the
-   other forms; the decode step stays transformers' own.
-
-In the second and third forms the layer passes its keyword arguments on (``**kwargs``, transformers'
+In forms 2 and 3 the layer passes its keyword arguments on (``**kwargs``, transformers'
 ``TransformersKwargs``): ``seq_idx`` there (e.g. from ``DataCollatorWithFlattening(
-return_seq_idx=True)``) keeps packed documents apart in the convolution, as with Dao's function;
-other keys are ignored, as transformers does for Dao's function. A call with an activation that
-causal-conv1d does not take (None, "silu" and "swish" are what it takes; transformers' PyTorch
-fallback takes any of transformers' activations) goes to transformers' own function unchanged.
+return_seq_idx=True)``) keeps packed documents apart in the convolution, as with Dao's function
+(transformers' PyTorch fallback refuses it); other keys are ignored, as transformers does for Dao's
+function. In transformers 5.25 every family's ``causal_conv1d_forward`` passes ``seq_idx`` on, and
+every model's forward brings it down to the layer but Falcon-Mamba's, Inkling's, Jamba's and
+Mamba's. A call with an activation that causal-conv1d does not take (None, "silu" and "swish" are
+what it takes; transformers' PyTorch fallback takes any of transformers' activations) goes to the
+function the swap replaced, unchanged. The decode step (``causal_conv1d_update``, one token with a
+cache) stays transformers' own: conv state is delegated (see ``cakeconv.integrations.dao``).
 
-Parameters, buffers, ``state_dict`` keys, hooks and the training mode are untouched, so an
-optimizer built before the swap keeps working, and checkpoints load either way. A swapped model
-deep-copies and pickles (it unpickles swapped, given cakeconv and transformers).
+mamba_ssm. transformers' Mamba-style layers (Mamba, Mamba2, Bamba, Falcon-H1, GraniteMoeHybrid,
+NemotronH, Zamba2) first call a fused kernel in training without a cache:
+``mamba_split_conv1d_scan_combined`` (Mamba1: ``mamba_inner_fn``), which transformers resolves at
+import to mamba_ssm's function when mamba_ssm is installed (and runs on CUDA inputs), else to a
+PyTorch stand-in that returns None, so that the layer takes the ``causal_conv1d_fn`` path. The
+fused kernels compute the convolution inside them, through causal-conv1d's
+``causal_conv1d_fwd_function`` / ``causal_conv1d_bwd_function``, globals of mamba_ssm's modules.
+When a modeling module of the model resolved a fused kernel to mamba_ssm, the swap also calls
+``cakeconv.integrations.mamba_ssm.swap()``, which rebinds those globals, and merges its report;
+``unswap_causal_conv1d`` calls ``cakeconv.integrations.mamba_ssm.unswap()`` when this swap changed
+them. mamba_ssm's own layers (``mamba_ssm.modules``) are not swapped here: call
+``cakeconv.integrations.mamba_ssm.swap()`` for them.
+
+What the report says, in transformers 5.25. One entry per depthwise ``nn.Conv1d`` of the model
+(groups equal to its channels, at least two taps): ``where`` is the convolution's name in
+``model.named_modules()``, ``what`` its class, and ``why`` names the layer that owns it (its parent
+module), which decides. Each of the 25 modeling files that call the short
+convolution (Bailing-Hybrid, Bamba, Falcon-H1, Falcon-Mamba, GLM-5-Next, GraniteMoeHybrid,
+Inkling, Inkling2, Inkling2-Loop, Jamba, Kimi-Linear, Lara-Mini, LFM2, LFM2-MoE, LFM3, Mamba,
+Mamba2, NemotronH, Olmo-Hybrid, Qwen3.5, Qwen3.5-MoE, Qwen3-Next, Qwen4-Exp, Zamba, Zamba2; the
+language models of LFM2-VL and LFM3-VL are LFM2 and LFM3) routes it through
+``causal_conv1d_forward``, so each of their convolutions runs cakeconv in training, with the
+layer's width and activation (LFM2 and LFM2-MoE W = 3 and LFM3 W = 7, the Inkling families
+W = 4 with up to four convolutions per layer, all three without an activation; the others W = 4 with
+SiLU), with a cache too (prefill, chunked prefill: the cache prepends the conv state to x). Not
+reached, each with its reason in the report: Qwen4-Exp's second, dilated convolution (its PLE
+layer calls its ``nn.Conv1d`` directly; a dilated convolution is not cakeconv's op), the fused
+mamba_ssm kernels where ``cakeconv.integrations.mamba_ssm`` could not rebind their globals, hub
+kernels put by ``kernelize`` (above), FLA's ``ShortConvolution`` (swapped by
+``cakeconv.integrations.fla.swap_short_convolutions``), and a depthwise convolution whose layer
+neither holds nor binds ``causal_conv1d_fn``. A layer counts as reached when it holds the
+attribute (form 1) or its class's modeling module binds the rebound global; the swap does not read
+the layer's code, so a layer that binds the global but calls its ``nn.Conv1d`` anyway is only told
+apart by its dilation.
+
+Parameters, buffers, ``state_dict`` keys, hooks, classes and the training mode are untouched, so an
+optimizer built before the swap keeps working, checkpoints load either way, and a model deep-copies
+and pickles as usual (it is the modeling module, not the model, that is swapped; form 1's
+attributes are plain functions).
 """
 
 from __future__ import annotations
 
-import dis
 import functools
+import sys
 import types
+import warnings
+import weakref
 
 import torch.nn as nn
 
 from . import dao
+from .report import CakeconvSwapWarning, SwapEntry, SwapReport
 
-__all__ = ["swap_causal_conv1d", "is_swapped"]
+__all__ = ["swap_causal_conv1d", "unswap_causal_conv1d", "is_swapped"]
 
 FN_NAME = "causal_conv1d_fn"
 UPDATE_NAME = "causal_conv1d_update"
+FORWARD_NAME = "causal_conv1d_forward"
 KERNEL_FUNCS = "_kernel_funcs"  # kernels.use_kernelized_func's per-instance function modules (form 3)
+FUSED_NAMES = ("mamba_split_conv1d_scan_combined", "mamba_inner_fn")  # mamba_ssm's kernels with the conv inside
+FUSED_CONV_NAMES = ("causal_conv1d_fwd_function", "causal_conv1d_bwd_function")  # what the fused kernels call
+ORIGINALS = "_cake_original_functions"  # form 1: {attribute: what the swap replaced}, on the instance
 CAKE_BACKENDS = dao.CAKE_BACKENDS
 
-# (original class, cake backend) -> its swapped subclass, or None when no method reads the global.
-_CLASSES: dict = {}
-# (id of a modeling module's globals, cake backend) -> those globals with causal_conv1d_fn replaced.
-_GLOBALS: dict = {}
+# modeling module name -> (the object the swap replaced, the object it bound): forms 2 and 3.
+_REBOUND: dict[str, tuple[object, object]] = {}
+# Form 1's swapped instances, for an unswap without a model.
+_ATTRIBUTE_SWAPPED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+# Whether swap_causal_conv1d changed mamba_ssm's bindings (then unswap_causal_conv1d undoes them).
+_MAMBA_SSM = {"swapped": False}
 
 
 class CakeCausalConv1dForTransformers:
-    """What a swapped method finds under the global name ``causal_conv1d_fn``.
+    """What a swapped modeling module binds under the global name ``causal_conv1d_fn``.
 
     Called as transformers calls its function (``fn(x, weight, bias, activation=..., **kwargs)``
     in 5.x, or Dao's keywords ``x=``, ``weight=``, ...): it runs
     ``cakeconv.integrations.dao.causal_conv1d_fn`` with the arguments it knows (``seq_idx``,
     ``initial_states``, ``return_final_states``, ``final_states_out`` among the keywords) and
     ignores the other keywords. Calls it cannot read as Dao's (more than three positional
-    arguments, an activation other than None, "silu" and "swish") go to ``original``,
-    transformers' own function.
+    arguments, an activation other than None, "silu" and "swish") go to ``original``, the object
+    the swap replaced (transformers' function; None when the module bound None, and then
+    cakeconv's function takes the call and raises for what it does not take).
     """
 
     __slots__ = ("original", "cake_backend")
@@ -124,7 +160,7 @@ class CakeCausalConv1dForTransformers:
 
 def _cake_or_original(original, cake_backend: str, args: tuple, kwargs: dict):
     """One call of transformers' ``causal_conv1d_fn`` on cakeconv (``CakeCausalConv1dForTransformers``)."""
-    if len(args) > 3 or kwargs.get("activation") not in dao.ACTIVATIONS:
+    if original is not None and (len(args) > 3 or kwargs.get("activation") not in dao.ACTIVATIONS):
         return original(*args, **kwargs)
     named = dict(zip(("x", "weight", "bias"), args))
     if "hidden_states" in kwargs:  # transformers' own name for x
@@ -138,233 +174,81 @@ def _cake_or_original(original, cake_backend: str, args: tuple, kwargs: dict):
                                 named.get("final_states_out"), named.get("activation"), backend=cake_backend)
 
 
-class CakeKernelForward:
-    """The ``forward`` that form 3 (module docstring) binds to a layer's private ``causal_conv1d_fn``
-    function module, as ``kernels.kernelize`` binds a hub kernel's.
+# ------------------------------------------------------------------------- reading the model
 
-    ``kernels`` calls it with a function module first (the private one eagerly, the module-level one
-    under torch.compile), then transformers' arguments; they go to cakeconv as in
-    ``CakeCausalConv1dForTransformers``, else to ``replaced(func_module, ...)``: the forward it
-    took the place of (None: the function module's own, i.e. transformers' function). Holds no
-    reference to the module, so a swapped model deep-copies and pickles.
-    """
-
-    __slots__ = ("cake_backend", "replaced")
-
-    def __init__(self, cake_backend: str, replaced=None):
-        self.cake_backend = cake_backend
-        self.replaced = replaced
-
-    def __call__(self, func_module, *args, **kwargs):
-        forward = self.replaced if self.replaced is not None else type(func_module).forward
-        return _cake_or_original(functools.partial(forward, func_module), self.cake_backend, args, kwargs)
-
-    def __getstate__(self):
-        return self.cake_backend, self.replaced
-
-    def __setstate__(self, state):
-        self.cake_backend, self.replaced = state
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(cake_backend={self.cake_backend!r})"
-
-
-# ------------------------------------------------------------------ finding and copying methods
-
-@functools.lru_cache(maxsize=4096)
-def _reads_global(code: types.CodeType, name: str) -> bool:
-    """Whether ``code`` (or code nested in it: comprehensions, inner functions) loads global ``name``."""
-    for ins in dis.get_instructions(code):
-        if ins.opname == "LOAD_GLOBAL" and ins.argval == name:
-            return True
-    return any(_reads_global(c, name) for c in code.co_consts if isinstance(c, types.CodeType))
-
-
-def _reads_any(code: types.CodeType, names) -> bool:
-    return any(_reads_global(code, name) for name in names)
-
-
-def _closure_functions(fn: types.FunctionType):
-    for cell in fn.__closure__ or ():
-        try:
-            inner = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if isinstance(inner, types.FunctionType):
-            yield inner
-
-
-def _leads_to(fn: types.FunctionType, fn_globals: dict, names: set, seen: set) -> bool:
-    """Whether ``fn`` reads one of ``names`` of ``fn_globals`` (its own globals), or a function in its
-    closure (a decorator's wrapped function, at any depth) does."""
-    if id(fn) in seen:
-        return False
-    seen.add(id(fn))
-    if fn.__globals__ is fn_globals and _reads_any(fn.__code__, names):
-        return True
-    return any(_leads_to(inner, fn_globals, names, seen) for inner in _closure_functions(fn))
-
-
-def _names_leading_to_fn(fn_globals: dict) -> frozenset:
-    """``causal_conv1d_fn`` and the names of the module's functions that lead to it: those that read
-    it, or read a name that leads to it (to a fixed point), directly or through their closures."""
-    names = {FN_NAME}
-    functions = {n: v for n, v in fn_globals.items() if n != FN_NAME and isinstance(v, types.FunctionType)}
-    grew = True
-    while grew:
-        grew = False
-        for name, fn in functions.items():
-            if name not in names and _leads_to(fn, fn_globals, names, set()):
-                names.add(name)
-                grew = True
-    return frozenset(names)
-
-
-def _swapped_names(fn_globals: dict) -> frozenset:
-    """The names a copy of a function of ``fn_globals`` finds rebound (empty: not a modeling module)."""
-    if FN_NAME not in fn_globals:
-        return frozenset()
-    for entry in _GLOBALS.values():
-        if entry[0] is fn_globals:
-            return entry[3]
-    return _names_leading_to_fn(fn_globals)
-
-
-def _globals_for(fn_globals: dict, cake_backend: str) -> dict:
-    """The modeling module's globals with ``causal_conv1d_fn`` bound to cakeconv's: one copy per
-    module and backend, which every ``swap_causal_conv1d`` call refreshes (``_refresh_globals``)."""
-    key = (id(fn_globals), cake_backend)
-    entry = _GLOBALS.get(key)
-    if entry is None or entry[0] is not fn_globals:
-        # holds the original (its id stays unique), the replaced globals, the backend, the rebound names
-        entry = [fn_globals, {}, cake_backend, _names_leading_to_fn(fn_globals)]
-        _GLOBALS[key] = entry
-        _refresh(entry)
-    return entry[1]
-
-
-def _refresh(entry) -> None:
-    """Copy the module's current globals into the replaced ones (the same dict, which the swapped
-    methods hold): ``causal_conv1d_fn`` bound to cakeconv's in front of the module's current one,
-    and each module function leading to it bound to a copy of itself that sees these globals."""
-    fn_globals, replaced, cake_backend = entry[:3]
-    entry[3] = _names_leading_to_fn(fn_globals)
-    replaced.clear()
-    replaced.update(fn_globals)
-    replaced[FN_NAME] = CakeCausalConv1dForTransformers(fn_globals[FN_NAME], cake_backend)
-    memo: dict = {}
-    for name in entry[3] - {FN_NAME}:
-        copy = _rebound(fn_globals[name], cake_backend, memo)
-        assert copy is not None, name  # it leads to causal_conv1d_fn, so it has a copy
-        replaced[name] = copy
-
-
-def _refresh_globals() -> None:
-    for entry in list(_GLOBALS.values()):
-        _refresh(entry)
-
-
-def _copy_function(fn: types.FunctionType, fn_globals: dict, closure) -> types.FunctionType:
-    new = types.FunctionType(fn.__code__, fn_globals, fn.__name__, fn.__defaults__, closure)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__qualname__ = fn.__qualname__
-    new.__module__ = fn.__module__
-    new.__doc__ = fn.__doc__
-    new.__annotations__ = fn.__annotations__
-    new.__dict__.update(fn.__dict__)
-    return new
-
-
-def _rebound(fn, cake_backend: str, memo: dict):
-    """A copy of ``fn`` in which the global ``causal_conv1d_fn`` is cakeconv's, or None when neither
-    ``fn`` nor a function in its closure (a decorator's wrapped function, at any depth) reads it or
-    a function of its module that leads to it (``_names_leading_to_fn``).
-
-    Closure cells holding such functions are replaced by cells holding their copies; every other
-    cell is shared with ``fn``. ``memo``: original -> copy (or None), for functions met twice.
-    """
-    if not isinstance(fn, types.FunctionType):
-        return None
-    if fn in memo:
-        return memo[fn]
-    memo[fn] = None  # a function in its own closure (recursion) is left as it is
-    cells = fn.__closure__ or ()
-    new_cells, changed = [], False
-    for cell in cells:
-        try:
-            inner = cell.cell_contents
-        except ValueError:  # an empty cell
-            new_cells.append(cell)
-            continue
-        copy = _rebound(inner, cake_backend, memo)
-        new_cells.append(cell if copy is None else types.CellType(copy))
-        changed = changed or copy is not None
-    reads = _reads_any(fn.__code__, _swapped_names(fn.__globals__))
-    if not (reads or changed):
-        return None
-    fn_globals = _globals_for(fn.__globals__, cake_backend) if reads else fn.__globals__
-    new = _copy_function(fn, fn_globals, tuple(new_cells) if cells else None)
-    wrapped = fn.__dict__.get("__wrapped__")
-    if memo.get(wrapped) is not None:
-        new.__wrapped__ = memo[wrapped]
-    memo[fn] = new
-    return new
-
-
-def _rebound_attribute(value, cake_backend: str, memo: dict):
-    """A class attribute (function, staticmethod or classmethod) rebound, or None."""
-    if isinstance(value, (staticmethod, classmethod)):
-        copy = _rebound(value.__func__, cake_backend, memo)
-        return None if copy is None else type(value)(copy)
-    return _rebound(value, cake_backend, memo)
-
-
-def swapped_class(cls: type, cake_backend: str = "auto") -> type | None:
-    """The subclass of ``cls`` whose methods that read the global ``causal_conv1d_fn`` call cakeconv's.
-
-    Built once per (class, backend) and cached; None when no method of ``cls`` (its own or
-    inherited, dunder methods such as ``__init__`` aside: they do not run on a swapped instance)
-    reads that global.
-    """
-    key = (cls, cake_backend)
-    if key in _CLASSES:
-        return _CLASSES[key]
-    memo: dict = {}
-    methods = {}
-    seen: set = set()
+def _modeling_modules(cls: type) -> list:
+    """The modules that define ``cls`` and its bases and bind a global ``causal_conv1d_fn`` (a
+    callable or None): the modeling modules the swap rebinds. torch's, cakeconv's and mamba_ssm's
+    own modules are never among them (mamba_ssm has its own swap)."""
+    found = []
     for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in ("builtins", "torch"):
-            continue  # object, nn.Module and torch's layers call no causal_conv1d_fn
-        for name, value in vars(klass).items():
-            if name in seen or (name.startswith("__") and name.endswith("__")):
-                continue
-            seen.add(name)
-            copy = _rebound_attribute(value, cake_backend, memo)
-            if copy is not None:
-                methods[name] = copy
-    new = None
-    if methods:
-        namespace = {**methods, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                     "__doc__": cls.__doc__, "_cake_original_class": cls, "_cake_backend": cake_backend,
-                     "__reduce_ex__": _reduce_swapped}
-        new = type(cls.__name__, (cls,), namespace)
-    _CLASSES[key] = new
-    return new
+        name = klass.__module__
+        if name.split(".")[0] in ("builtins", "torch", "cakeconv", "mamba_ssm"):
+            continue
+        module = sys.modules.get(name)
+        if module is None or FN_NAME not in vars(module) or module in found:
+            continue
+        value = vars(module)[FN_NAME]
+        if value is None or callable(value):
+            found.append(module)
+    return found
 
 
-def _reduce_swapped(self, protocol):
-    """Pickle a swapped instance as one: rebuilt from its original class (found by name) and state."""
-    cls = type(self)
-    return _new_swapped, (cls._cake_original_class, cls._cake_backend), self.__dict__.copy()
+def _closure_value(fn, name: str):
+    """The value of the free variable ``name`` of function ``fn``, or None."""
+    code = getattr(fn, "__code__", None)
+    if code is None or name not in code.co_freevars or not fn.__closure__:
+        return None
+    try:
+        return fn.__closure__[code.co_freevars.index(name)].cell_contents
+    except ValueError:  # an empty cell
+        return None
 
 
-def _new_swapped(original: type, cake_backend: str):
-    """An empty instance of ``original``'s swapped class (unpickling; the original if none)."""
-    cls = swapped_class(original, cake_backend) or original
-    return cls.__new__(cls)
+def _implementation(value):
+    """What a global of a modeling module runs, as transformers resolved it at import.
+
+    ``kernels``' function modules hold the function in their forward's closure (``func``), and
+    transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper holds the resolved function
+    in its closure (``implementation``: the package's function, or transformers' own). Anything
+    else is returned as it is (transformers 4.57 binds mamba_ssm's function itself).
+    """
+    if isinstance(value, nn.Module):
+        value = _closure_value(type(value).forward, "func") or value
+    return _closure_value(value, "implementation") or value
 
 
-# ---------------------------------------------------------------------------------- the swap
+def _fused_mamba_ssm(module) -> dict:
+    """{fused kernel name: the mamba_ssm module implementing it} for the fused kernels (conv inside)
+    that the modeling ``module`` resolved to mamba_ssm."""
+    found = {}
+    for value in list(vars(module).values()):
+        if isinstance(value, type) or not callable(value):
+            continue
+        impl = _implementation(value)
+        name = getattr(impl, "__name__", None)
+        impl_module = getattr(impl, "__module__", None) or ""
+        if name in FUSED_NAMES and impl_module.split(".")[0] == "mamba_ssm":
+            found[name] = impl_module
+    return found
+
+
+def _hub_kernel(owner: nn.Module, name: str) -> bool:
+    """Whether ``kernels.kernelize`` put a hub kernel on ``owner``'s private function module
+    ``name`` (form 3): its instance ``forward`` is bound to another class's forward."""
+    funcs = owner.__dict__.get(KERNEL_FUNCS)
+    func_module = funcs.get(name) if isinstance(funcs, dict) else None
+    if not isinstance(func_module, nn.Module):
+        return False
+    forward = func_module.__dict__.get("forward")
+    return isinstance(forward, types.MethodType) and forward.__func__ is not type(func_module).forward
+
+
+def _is_short_conv(module: nn.Module) -> bool:
+    """A depthwise ``nn.Conv1d`` (one group per channel) of at least two taps."""
+    return (isinstance(module, nn.Conv1d) and module.groups == module.in_channels == module.out_channels
+            and module.kernel_size[0] >= 2)
+
 
 def _instance_function(cake_backend: str):
     if cake_backend == "auto":
@@ -378,55 +262,166 @@ def _is_cake_function(value) -> bool:
     return value is dao.causal_conv1d_fn
 
 
-def _kernel_func(module: nn.Module):
-    """Form 3: the module's private ``causal_conv1d_fn`` function module, or None."""
-    funcs = module.__dict__.get(KERNEL_FUNCS)
-    if not isinstance(funcs, dict) or not isinstance(funcs.get(FN_NAME), nn.Module):
-        return None
-    return funcs[FN_NAME]
+def _cake_binding(value):
+    """The ``CakeCausalConv1dForTransformers`` behind a modeling module's global, or None: the global
+    itself (form 2), or the forward of the ``kernels`` function module bound in its place (form 3)."""
+    if isinstance(value, nn.Module):
+        value = value.__dict__.get("forward")
+    return value if isinstance(value, CakeCausalConv1dForTransformers) else None
 
 
-def _kernel_func_swapped(func_module: nn.Module) -> bool:
-    return isinstance(getattr(func_module.__dict__.get("forward"), "__func__", None), CakeKernelForward)
+def _rebound_here(module) -> bool:
+    return _cake_binding(vars(module).get(FN_NAME)) is not None
 
 
 def is_swapped(module: nn.Module) -> bool:
-    """Whether ``module`` calls cakeconv's causal_conv1d_fn (an attribute set, its class swapped, or
-    its private kernel function's forward set)."""
-    func_module = _kernel_func(module)
-    return (_is_cake_function(module.__dict__.get(FN_NAME)) or "_cake_original_class" in vars(type(module))
-            or (func_module is not None and _kernel_func_swapped(func_module)))
+    """Whether ``module`` calls cakeconv's ``causal_conv1d_fn``: its attribute is cakeconv's, when it
+    holds one (form 1), else its class's modeling module is rebound (forms 2 and 3, process-wide:
+    then every instance of the class is swapped)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if FN_NAME in module.__dict__:
+        return _is_cake_function(module.__dict__[FN_NAME])
+    return any(_rebound_here(m) for m in _modeling_modules(type(module)))
 
 
-def _swap_kernel_func(module: nn.Module, cake_backend: str) -> bool:
-    """Form 3 (module docstring): True when it applied to ``module``."""
-    func_module = _kernel_func(module)
-    if func_module is None or _kernel_func_swapped(func_module):
-        return False
-    bound = func_module.__dict__.get("forward")  # kernelize's kernel, when it put one there
-    replaced = bound.__func__ if isinstance(bound, types.MethodType) else None
-    func_module.forward = types.MethodType(CakeKernelForward(cake_backend, replaced), func_module)
-    return True
-
+# ---------------------------------------------------------------------------------- swapping
 
 def _swap_attribute(module: nn.Module, cake_backend: str) -> bool:
-    """Form 1 (module docstring): True when it applied to ``module``."""
+    """Form 1 (module docstring): True when this call set ``module``'s attribute."""
     attrs = module.__dict__
     if FN_NAME not in attrs or _is_cake_function(attrs[FN_NAME]):
         return False
     if attrs[FN_NAME] is not None and not callable(attrs[FN_NAME]):
         return False
+    originals = {FN_NAME: attrs[FN_NAME]}
     setattr(module, FN_NAME, _instance_function(cake_backend))
     if UPDATE_NAME in attrs and attrs[UPDATE_NAME] is None:
+        originals[UPDATE_NAME] = None
         setattr(module, UPDATE_NAME, dao.causal_conv1d_update)
+    setattr(module, ORIGINALS, originals)
+    _ATTRIBUTE_SWAPPED.add(module)
     return True
 
 
-def swap_causal_conv1d(model: nn.Module, *, cake_backend: str = "auto") -> int:
-    """Make every module of ``model`` that calls transformers' ``causal_conv1d_fn`` call cakeconv's.
+def _rebind(module, cake_backend: str) -> bool:
+    """Forms 2 and 3: bind cakeconv's callable as the modeling ``module``'s ``causal_conv1d_fn``;
+    True when this call rebound it (False: it already was).
 
-    In place, per instance, each of transformers' forms (module docstring). Modules already
-    swapped are left as they are (their backend too), so a second call returns 0.
+    Form 3's global is a ``kernels`` function module, and ``kernels`` rebuilds a layer's private
+    copies from the global's class when a model is unpickled; so there the binding is a new instance
+    of that class whose ``forward`` is cakeconv's callable (as ``kernelize`` sets a hub kernel's),
+    and an unpickled layer still gets transformers' own private copies. A binding of this module
+    that the record lost (put back by someone else after an unswap) is adopted.
+    """
+    current = vars(module)[FN_NAME]
+    ours = _cake_binding(current)
+    if ours is not None:
+        if module.__name__ not in _REBOUND:
+            _REBOUND[module.__name__] = (ours.original, current)
+        return False
+    bound = CakeCausalConv1dForTransformers(current, cake_backend)
+    if isinstance(current, nn.Module):
+        function_module = type(current)()
+        function_module.forward = bound
+        bound = function_module
+    setattr(module, FN_NAME, bound)
+    _REBOUND[module.__name__] = (current, bound)
+    return True
+
+
+def _swap_mamba_ssm(cake_backend: str) -> SwapReport:
+    """``cakeconv.integrations.mamba_ssm.swap()``, its warning left to the merged report."""
+    from . import mamba_ssm as cake_mamba_ssm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CakeconvSwapWarning)
+        report = cake_mamba_ssm.swap(cake_backend=cake_backend)
+    if report.swapped:
+        _MAMBA_SSM["swapped"] = True
+    return report
+
+
+def _fused_reason(owner: nn.Module, fused: dict, mamba_report: SwapReport | None) -> tuple[bool, str]:
+    """(whether the fused mamba_ssm kernels ``fused`` of ``owner`` reach cakeconv, how or why not)."""
+    reached, missing = [], []
+    for name, impl_module in fused.items():
+        wanted = {f"{impl_module}.{n}" for n in FUSED_CONV_NAMES}
+        entries = [e for e in (mamba_report.entries if mamba_report else ()) if e.where in wanted]
+        if len(entries) == len(wanted) and all(e.on_cakeconv for e in entries):
+            reached.append(f"{name} of {impl_module}")
+        else:
+            why = "; ".join(e.why for e in entries if not e.on_cakeconv) or "its bindings were not found"
+            missing.append(f"{name} of {impl_module} ({why})")
+    if missing:
+        return False, (f"{type(owner).__name__}'s fused training path (mamba_ssm, CUDA, no cache) runs the "
+                       f"convolution inside {', '.join(missing)}, which cakeconv.integrations.mamba_ssm did not reach")
+    return True, (f"; its fused training path ({', '.join(reached)}) through cakeconv.integrations.mamba_ssm's "
+                  f"{' and '.join(FUSED_CONV_NAMES)}")
+
+
+def _entry(name: str, conv: nn.Conv1d, owner: nn.Module | None, newly: set, fused_of: dict,
+           mamba_report: SwapReport | None) -> SwapEntry:
+    """The report's entry for the depthwise convolution ``conv`` (``name`` in the model) of ``owner``.
+
+    ``newly``: what this swap call changed (form-1 instance ids, modeling module names);
+    ``fused_of``: modeling module name -> its fused mamba_ssm kernels (``_fused_mamba_ssm``).
+    """
+    what = type(conv).__name__
+    conv_module = type(conv).__module__
+    if conv_module.split(".")[0] == "fla":
+        return SwapEntry(name, what, False, "an FLA ShortConvolution: cakeconv.integrations.fla."
+                                            "swap_short_convolutions swaps it")
+    if conv_module.split(".")[0] == "cakeconv":
+        return SwapEntry(name, what, True, "a cakeconv module already")
+    if owner is None:
+        return SwapEntry(name, what, False, "no layer owns it, so nothing calls causal_conv1d_fn on it")
+    owner_name = type(owner).__name__
+    if conv.dilation[0] != 1:
+        return SwapEntry(name, what, False, f"{owner_name}'s dilated convolution (dilation {conv.dilation[0]}) calls "
+                                            f"its nn.Conv1d directly: a dilated convolution is not cakeconv's op")
+    if _is_cake_function(owner.__dict__.get(FN_NAME)):
+        return SwapEntry(name, what, True, f"{owner_name}.causal_conv1d_fn (instance attribute) set to cakeconv's",
+                         newly_swapped=id(owner) in newly)
+    modules = [m for m in _modeling_modules(type(owner)) if _rebound_here(m)]
+    if not modules:
+        if type(owner).__module__.split(".")[0] == "mamba_ssm":
+            return SwapEntry(name, what, False, f"mamba_ssm's own {owner_name}: cakeconv.integrations.mamba_ssm.swap() "
+                                                f"swaps it")
+        return SwapEntry(name, what, False, f"{owner_name} ({type(owner).__module__}) neither holds nor binds "
+                                            f"causal_conv1d_fn")
+    if _hub_kernel(owner, FORWARD_NAME):
+        return SwapEntry(name, what, False, f"kernelize put a hub kernel on {owner_name}'s {FORWARD_NAME}, which does "
+                                            f"not call causal_conv1d_fn")
+    funcs = owner.__dict__.get(KERNEL_FUNCS)
+    for fused_name in FUSED_NAMES:
+        if _hub_kernel(owner, fused_name):
+            return SwapEntry(name, what, False, f"kernelize put a hub kernel on {owner_name}'s {fused_name}, "
+                                                f"which runs the convolution inside it in training")
+    fused = {}
+    for module in modules:
+        fused.update(fused_of[module.__name__])
+    if isinstance(funcs, dict):  # form 3: the kernels the layer lists
+        fused = {k: v for k, v in fused.items() if k in funcs}
+    why = f"{owner_name} calls causal_conv1d_fn of {', '.join(m.__name__ for m in modules)}, rebound to cakeconv's"
+    changed = any(m.__name__ in newly for m in modules)
+    if fused:
+        reached, how = _fused_reason(owner, fused, mamba_report)
+        if not reached:
+            return SwapEntry(name, what, False, how)
+        why += how
+        changed = changed or bool(mamba_report and mamba_report.swapped)
+    return SwapEntry(name, what, True, why, newly_swapped=changed)
+
+
+def swap_causal_conv1d(model: nn.Module, *, cake_backend: str = "auto") -> SwapReport:
+    """Make every layer of ``model`` that calls transformers' ``causal_conv1d_fn`` call cakeconv's.
+
+    Process-wide: the modeling modules of the model's layers are rebound (module docstring), so
+    every model of those families in this process is swapped, not only ``model``; instance
+    attributes (transformers 4.57's form) are set on ``model``'s layers only. When a modeling module
+    resolved mamba_ssm's fused kernels, ``cakeconv.integrations.mamba_ssm.swap()`` is called too.
+    What is already swapped is left as it is (its backend too): a second call changes nothing.
 
     Args:
         model: any ``nn.Module`` (a transformers model, a layer, or one module).
@@ -434,7 +429,11 @@ def swap_causal_conv1d(model: nn.Module, *, cake_backend: str = "auto") -> int:
             "reference", for the calls cakeconv runs.
 
     Returns:
-        The number of modules swapped by this call.
+        A ``SwapReport`` with one entry per depthwise ``nn.Conv1d`` of ``model`` (its name in
+        ``model.named_modules()``): whether its training calls now run cakeconv, and how or why not;
+        ``report.swapped`` counts those this call put on cakeconv (0 on a second call). mamba_ssm's
+        entries are merged in when it was swapped. Warns (``CakeconvSwapWarning``) when some
+        entries stay off cakeconv.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
@@ -444,15 +443,104 @@ def swap_causal_conv1d(model: nn.Module, *, cake_backend: str = "auto") -> int:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(cake_backend, str) or cake_backend not in CAKE_BACKENDS:
         raise ValueError(f"cake_backend must be one of {CAKE_BACKENDS}, got {cake_backend!r}")
-    _refresh_globals()
-    swapped = 0
-    for module in model.modules():
-        changed = _swap_attribute(module, cake_backend)
-        changed = _swap_kernel_func(module, cake_backend) or changed
-        if "_cake_original_class" not in vars(type(module)):
-            cls = swapped_class(type(module), cake_backend)
-            if cls is not None:
-                module.__class__ = cls
-                changed = True
-        swapped += changed
-    return swapped
+    named = dict(model.named_modules())
+    newly: set = set()  # ids of form-1 instances and names of modeling modules this call changed
+    fused_of: dict = {}  # modeling module name -> its fused mamba_ssm kernels
+    for module in named.values():
+        if _swap_attribute(module, cake_backend):
+            newly.add(id(module))
+        for modeling in _modeling_modules(type(module)):
+            if _rebind(modeling, cake_backend):
+                newly.add(modeling.__name__)
+            if modeling.__name__ not in fused_of:
+                fused_of[modeling.__name__] = _fused_mamba_ssm(modeling)
+    mamba_report = _swap_mamba_ssm(cake_backend) if any(fused_of.values()) else None
+    entries = []
+    for name, module in named.items():
+        if _is_short_conv(module):
+            owner = named.get(name.rpartition(".")[0]) if name else None
+            entries.append(_entry(name, module, owner, newly, fused_of, mamba_report))
+    report = SwapReport("transformers", tuple(entries))
+    if mamba_report is not None:
+        report = report.merged(mamba_report)
+    report.warn_if_unreached()
+    return report
+
+
+# -------------------------------------------------------------------------------- unswapping
+
+def _describe(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, nn.Module):
+        return f"{type(value).__module__}.{getattr(value, 'kernel_layer_name', type(value).__name__)} (kernels)"
+    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
+
+
+def _restore_global(module_name: str) -> SwapEntry:
+    """Put back the modeling module's ``causal_conv1d_fn`` (the very object the swap replaced)."""
+    original, bound = _REBOUND.pop(module_name)
+    module = sys.modules.get(module_name)
+    where = f"{module_name}.{FN_NAME}"
+    if module is not None and vars(module).get(FN_NAME) is bound:
+        setattr(module, FN_NAME, original)
+        return SwapEntry(where, "function", False, f"restored to {_describe(original)}", newly_swapped=True)
+    return SwapEntry(where, "function", False, "rebound by someone else since the swap; left as it is")
+
+
+def _restore_attributes(where: str, module: nn.Module) -> SwapEntry:
+    """Form 1: put back the instance attributes the swap set."""
+    originals = module.__dict__.pop(ORIGINALS)
+    _ATTRIBUTE_SWAPPED.discard(module)
+    for attribute, value in originals.items():
+        setattr(module, attribute, value)
+    return SwapEntry(where, type(module).__name__, False,
+                     f"{', '.join(originals)} restored to {', '.join(_describe(v) for v in originals.values())}",
+                     newly_swapped=True)
+
+
+def unswap_causal_conv1d(model: nn.Module | None = None) -> SwapReport:
+    """Undo ``swap_causal_conv1d``: every binding and attribute it changed gets back the very object
+    it replaced.
+
+    Args:
+        model: None (the default) undoes every swap of this module in the process. With a model,
+            only what concerns it: the modeling modules of its layers (process-wide still: the other
+            models of those families are unswapped too), its layers' attributes, and mamba_ssm's
+            bindings when they were swapped for its fused kernels. (A copy of a form-1 instance made
+            after its swap is not tracked: pass its model to restore its attributes.)
+
+    Returns:
+        A ``SwapReport`` with one entry per binding or instance restored (``on_cakeconv`` False,
+        ``newly_swapped`` True: this call changed it), or left as it is because someone rebound it
+        since the swap (``newly_swapped`` False); mamba_ssm's unswap report merged in when it ran.
+        Empty when nothing was swapped.
+
+    Raises:
+        TypeError: ``model`` is neither None nor an ``nn.Module``.
+    """
+    if model is not None and not isinstance(model, nn.Module):
+        raise TypeError(f"model must be None or a torch.nn.Module, got {type(model).__name__}")
+    if model is None:
+        module_names = list(_REBOUND)
+        instances = [(f"<{type(m).__qualname__} at 0x{id(m):x}>", m) for m in list(_ATTRIBUTE_SWAPPED)]
+        undo_mamba_ssm = _MAMBA_SSM["swapped"]
+    else:
+        named = list(model.named_modules())
+        module_names = []
+        for _, module in named:
+            for modeling in _modeling_modules(type(module)):
+                if modeling.__name__ in _REBOUND and modeling.__name__ not in module_names:
+                    module_names.append(modeling.__name__)
+        instances = [(name, m) for name, m in named if ORIGINALS in m.__dict__]
+        undo_mamba_ssm = _MAMBA_SSM["swapped"] and any(
+            _fused_mamba_ssm(sys.modules[n]) for n in module_names if n in sys.modules)
+    entries = [_restore_global(name) for name in module_names]
+    entries += [_restore_attributes(where, module) for where, module in instances]
+    report = SwapReport("transformers", tuple(entries))
+    if undo_mamba_ssm:
+        from . import mamba_ssm as cake_mamba_ssm
+
+        report = report.merged(cake_mamba_ssm.unswap())
+        _MAMBA_SSM["swapped"] = False
+    return report
