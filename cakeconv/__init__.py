@@ -8,6 +8,8 @@ Public modules:
 - ``cakeconv.cake_causal_conv1d_det_train_kcp``  context parallel (halo exchange across ranks)
 - ``cakeconv.short_conv``                        ``CakeShortConv``, the nn.Module (single rank or KCP)
 - ``cakeconv.oracle``                            float64 oracle (tests, demo, benchmarks)
+- ``cakeconv.warmup``                            compile a run's kernels ahead (``python -m cakeconv warmup``)
+- ``cakeconv.integrations``                      drop-ins for flash-linear-attention, Dao's API, mamba_ssm, transformers
 
 Every public name of those modules is re-exported here.
 """

@@ -1,4 +1,4 @@
-"""``python -m cakeconv demo``: see cakeconv/demo.py."""
+"""``python -m cakeconv demo`` (cakeconv/demo.py) and ``python -m cakeconv warmup`` (cakeconv/warmup.py)."""
 
 import os
 import sys
@@ -6,11 +6,18 @@ import sys
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("demo",):
+    if not argv or argv[0] not in ("demo", "warmup"):
         print("usage: python -m cakeconv demo [--tokens N] [--channels C] [--ranks P]\n"
               "  runs the single-rank op (both backends) and the context-parallel op (every layout)\n"
-              "  on random packed batches and checks them against the float64 oracle / single-rank op")
+              "  on random packed batches and checks them against the float64 oracle / single-rank op\n"
+              "       python -m cakeconv warmup --channels C[,C...] [--dtype ...] [--width ...] [--target sm_90] ...\n"
+              "  compiles the kernels those problems' training steps launch into Triton's cache, in parallel\n"
+              "  (python -m cakeconv warmup --help)")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv[0] == "warmup":
+        from .warmup import main as warmup_main
+
+        return warmup_main(argv[1:])
     import torch
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":

@@ -10,7 +10,8 @@ Sections, in order:
 3. the backend programs of ``cakeconv.cake_causal_conv1d_det_train_backend.kcp.__all__`` (names
    documented above are linked, not repeated);
 4. the integrations, each module's ``__all__``: ``cakeconv.integrations.fla``, ``.dao``,
-   ``.transformers`` (importing them imports none of those libraries).
+   ``.mamba_ssm``, ``.transformers``, ``.report`` (importing them imports none of those libraries);
+5. the warm-up, ``cakeconv.warmup``.
 
 For a function: its signature and docstring. For a class: the constructor's signature (for an
 autograd Function, ``.apply`` with the forward's arguments), its docstring, then each public method
@@ -33,7 +34,10 @@ import cakeconv.cake_causal_conv1d_det_train_kcp as kcp_module
 from cakeconv.cake_causal_conv1d_det_train_backend import kcp as backend_kcp
 from cakeconv.integrations import dao as dao_integration
 from cakeconv.integrations import fla as fla_integration
+from cakeconv.integrations import mamba_ssm as mamba_ssm_integration
+from cakeconv.integrations import report as report_integration
 from cakeconv.integrations import transformers as transformers_integration
+from cakeconv import warmup as warmup_module
 from cakeconv.short_conv import CakeShortConv
 
 API_PATH = pathlib.Path(__file__).resolve().parent / "api.md"
@@ -124,7 +128,8 @@ def sections() -> list[tuple[str, str, str, list[tuple[str, object]]]]:
     out.append(("KCP backend programs", "cakeconv.cake_causal_conv1d_det_train_backend.kcp", backend_kcp,
                 [(n, getattr(backend_kcp, n)) for n in backend_kcp.__all__]))
     for title, module in (("flash-linear-attention", fla_integration), ("Dao's causal-conv1d API", dao_integration),
-                          ("Hugging Face transformers", transformers_integration)):
+                          ("mamba_ssm", mamba_ssm_integration), ("Hugging Face transformers", transformers_integration),
+                          ("Swap reports", report_integration), ("Warm-up (compiling ahead)", warmup_module)):
         out.append((title, module.__name__, module, [(n, getattr(module, n)) for n in module.__all__]))
     return out
 

@@ -28,10 +28,10 @@ import pytest
 import torch
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import KernelParam, create_function_from_signature
+from triton.runtime.jit import KernelParam
 
 from cakeconv.cake_causal_conv1d_det_train_backend import checks
-from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch, specialization
 from tests import launch_cases
 from tests.helpers import INTERPRET
 
@@ -43,9 +43,7 @@ BACKEND = make_backend(TARGET)
 
 def triton_specialization(fn, args, options, params=None):
     """(options, signature, constexprs, attrs) that ``fn[grid](*args, **options)`` compiles on sm_90."""
-    binder = create_function_from_signature(fn.signature, params or fn.params, BACKEND)
-    bound, spec, opts = binder(*args, **options)
-    return fn._pack_args(BACKEND, dict(options), bound, spec, opts)
+    return specialization.triton_specialization(fn, args, options, TARGET, params)
 
 
 def compile_front_end(fn, options, signature, constexprs, attrs):

@@ -55,7 +55,7 @@ import sys
 from . import dao
 from .report import SwapEntry, SwapReport
 
-__all__ = ["swap", "unswap", "is_swapped", "MODULE_BINDINGS"]
+__all__ = ["swap", "unswap", "is_swapped"]
 
 FN_NAMES = ("causal_conv1d_fwd_function", "causal_conv1d_bwd_function", "causal_conv1d_fn")
 # mamba_ssm 2.3's modules and the causal-conv1d names each binds as a global.

@@ -190,6 +190,7 @@ class Prepared:
                 grid = self.grid
                 fn(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), *head, *addrs, *self.args)
                 return
+        cache_keys_in_fixed_order()
         compiled = self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg, self.kernel.pdl))
         if not bits & 15:
             self.kernel._compiled[(device, self.key)] = compiled
@@ -226,6 +227,26 @@ BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
 HALO_GATHER = Kernel(cake_halo_gather_kernel)
 SEGMENT_IDS_BUILD = Kernel(cake_segment_ids_kernel)
 KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
+_CACHE_KEYS_READY = False
+
+
+def cache_keys_in_fixed_order() -> None:
+    """Compute every kernel's Triton cache key once per process, in ``KERNELS``' order, before the
+    first compile or cache look-up.
+
+    Triton 3.6 hashes into a kernel's key the global constexprs its helper functions use, as far as
+    it has seen them: a helper's are merged only once the helper's own key was computed, for
+    whichever kernel came first. So one kernel's key, and with it its entry in the on-disk cache,
+    depends on which kernels the process hashed before (measured: the backward kernel's key differs
+    after the one-group kernel was compiled). Hashing all of them in one fixed order first gives
+    every process the same keys, whatever its first launch: what ``cakeconv.warmup`` compiled ahead
+    is what a run finds. Costs about 20 ms, once.
+    """
+    global _CACHE_KEYS_READY
+    if not _CACHE_KEYS_READY:
+        for kernel in KERNELS:
+            kernel.fn.cache_key  # noqa: B018 (computed and kept by Triton)
+        _CACHE_KEYS_READY = True
 
 
 _OPTIONS: dict = {}

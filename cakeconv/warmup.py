@@ -1,0 +1,265 @@
+"""Compile ahead what a training run needs: ``python -m cakeconv warmup`` and ``warmup()``.
+
+Triton compiles each kernel variant on its first launch, in the launching process, one after the
+other, and keeps the result in its on-disk cache (``TRITON_CACHE_DIR``, default
+``~/.triton/cache``). A process that finds its kernels there loads them instead of compiling. This
+module fills that cache ahead of a run, for the problems a run will meet, with every kernel
+compiled in parallel processes, on a GPU machine or without a GPU (given the target, e.g.
+``--target sm_90``): a container image built on a CPU machine can hold the cache ready.
+
+What a problem needs. A problem is (C, x dtype, taps dtype, bias or not, width W, activation).
+Its training step launches the forward kernel, the backward kernels (one group of the dweight tree
+below 8,193 rows, else the main and the group kernel), and with many short documents their
+per-token segment-index variants and the index build; packed documents (``cu_seqlens``, int32 or
+int64: each a variant) and ``[B, T, C]`` batches (no ``cu_seqlens``) are variants too. ``warmup``
+runs the public op forward and backward on CPU tensors of each kind, recording the launches
+without running them (the library's own launch records, as its tests use), derives each launch's
+specialization with Triton's binder for the target, and compiles the distinct ones. Launches of
+other row strides than C (x a slice of a wider tensor) and the context-parallel (KCP) row and halo
+kernels are not covered: they compile on first use.
+
+The cache key is Triton's own (the kernel's source, the specialization, the options, the target,
+the Triton and ptxas versions, the environment variables that change code), so a run finds the
+entries only with the same Triton version and the same code-changing ``TRITON_*`` variables as
+the warm-up.
+
+Shape legend: S tokens, C channels, B batch rows, T tokens per row, W taps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+import torch
+
+__all__ = ["warmup", "WarmupProblem", "problem_specializations"]
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "fp32": torch.float32, "float32": torch.float32}
+ONE_GROUP_S = 4096        # one group of the dweight tree (at most 128 leaves of 64 rows)
+MULTI_GROUP_S = 8320      # two groups: the main and the group kernels
+SHORT_DOC = 4             # tokens per document of the many-documents case (the segment-index variants)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupProblem:
+    """One convolution a run trains: channels, dtypes, bias, width, activation, cu_seqlens dtype."""
+
+    C: int
+    dtype: torch.dtype = torch.bfloat16
+    weight_dtype: torch.dtype = torch.float32
+    bias: bool = False
+    width: int = 4
+    activation: str | None = "silu"
+    cu_dtype: torch.dtype = torch.int32
+
+    def __post_init__(self):
+        from .cake_causal_conv1d_det_train_backend import checks
+
+        if isinstance(self.C, bool) or not isinstance(self.C, int) or self.C <= 0 or self.C % 8:
+            raise ValueError(f"C must be a positive multiple of 8, got C={self.C!r}")
+        checks.check_width(self.width)
+        checks.check_activation(self.activation)
+        for name, value, allowed in (("dtype", self.dtype, checks.X_DTYPES), ("weight_dtype", self.weight_dtype,
+                                     checks.W_DTYPES), ("cu_dtype", self.cu_dtype, (torch.int32, torch.int64))):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
+
+    def __str__(self) -> str:
+        name = lambda d: str(d).replace("torch.", "")  # noqa: E731
+        return (f"C={self.C} x={name(self.dtype)} w={name(self.weight_dtype)} bias={'yes' if self.bias else 'no'} "
+                f"W={self.width} act={self.activation} cu={name(self.cu_dtype)}")
+
+
+def _calls(problem: WarmupProblem):
+    """(x shape, cu_seqlens list or None) of the representative calls of a problem."""
+    few = lambda S: [0, S // 3, S]  # noqa: E731
+    many = lambda S: list(range(0, S, SHORT_DOC)) + [S]  # noqa: E731
+    for S in (ONE_GROUP_S, MULTI_GROUP_S):
+        yield (S, problem.C), few(S)
+        yield (S, problem.C), many(S)
+        yield (2, S // 2, problem.C), None
+
+
+def _record(problem: WarmupProblem) -> list:
+    """The launches of the problem's representative forward + backward calls (nothing runs)."""
+    from . import cake_causal_conv1d_det
+    from .cake_causal_conv1d_det_train_backend import checks
+    from .cake_causal_conv1d_det_train_backend.kernels import launch
+
+    launches = []
+    saved = checks.INTERPRET
+    checks.INTERPRET = True  # the Triton backend takes CPU tensors: they are only recorded
+    try:
+        for shape, cu in _calls(problem):
+            x = torch.empty(shape, dtype=problem.dtype).requires_grad_(True)
+            w = torch.zeros(problem.C, problem.width, dtype=problem.weight_dtype).requires_grad_(True)
+            b = torch.zeros(problem.C, dtype=problem.weight_dtype).requires_grad_(True) if problem.bias else None
+            cu_t = None if cu is None else torch.tensor(cu, dtype=problem.cu_dtype)
+            with launch.record_launches() as recorded:
+                y = cake_causal_conv1d_det(x, w, b, cu_seqlens=cu_t, activation=problem.activation, backend="triton")
+                y.backward(torch.empty_like(y))
+            launches += recorded
+    finally:
+        checks.INTERPRET = saved
+    return launches
+
+
+def problem_specializations(problems, target) -> dict:
+    """{(kernel name, specialization text): (kernel name, specialization)} of the problems' launches."""
+    from .cake_causal_conv1d_det_train_backend.kernels.specialization import triton_specialization
+
+    found = {}
+    for problem in problems:
+        for r in _record(problem):
+            spec = triton_specialization(r.kernel.fn, r.args, r.options, target)
+            options, signature, constexprs, attrs = spec
+            text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
+                         sorted(options.__dict__.items())))
+            found.setdefault((r.kernel.name, text), (r.kernel.name, spec))
+    return found
+
+
+def _compile_one(item):
+    """Worker: compile one (kernel name, specialization, target) through Triton's cache."""
+    name, spec, target = item
+    from .cake_causal_conv1d_det_train_backend.kernels import launch
+    from .cake_causal_conv1d_det_train_backend.kernels.specialization import compile_specialization
+
+    launch.cache_keys_in_fixed_order()  # the keys a run computes (launch.py)
+    fn = next(k.fn for k in launch.KERNELS if k.name == name)
+    return name, compile_specialization(fn, spec, target)
+
+
+def _parse_target(text):
+    from .cake_causal_conv1d_det_train_backend.kernels.specialization import cuda_target, current_target
+
+    if text in (None, "", "auto"):
+        target = current_target()
+        if target is None:
+            raise ValueError("no CUDA GPU here: give the target to compile for, e.g. target='sm_90' (H100, H200)")
+        return target
+    digits = str(text).lower().removeprefix("sm_").removeprefix("sm")
+    if not digits.isdigit() or int(digits) < 80:
+        raise ValueError(f"target must be 'auto' or 'sm_<capability>' with capability >= 80 (e.g. 'sm_90'), got {text!r}")
+    return cuda_target(int(digits))
+
+
+def warmup(problems, *, target="auto", jobs=None, progress=print) -> dict:
+    """Compile every kernel variant the problems' training steps launch into Triton's cache.
+
+    Args:
+        problems: ``WarmupProblem`` objects (or ints: C with the defaults, bf16 x, FP32 taps, no
+            bias, W = 4, SiLU, int32 cu_seqlens).
+        target: "auto" (the current CUDA device) or "sm_<capability>" (no GPU needed, e.g. "sm_90").
+        jobs: parallel compile processes (default: the CPU count, at most the number of kernels).
+        progress: called with one line per kernel compiled (None: silent).
+
+    Returns:
+        {"target", "kernels": [{"kernel", "front_end", "llvm", "ptxas", "total", "cache_hit"}...],
+        "compiled", "cache_hits", "seconds", "cache_dir"}.
+
+    Raises:
+        ValueError: a bad problem or target, or Triton's CPU interpreter is on (it compiles nothing).
+    """
+    from .cake_causal_conv1d_det_train_backend.constants import INTERPRET
+
+    if INTERPRET:
+        raise ValueError("TRITON_INTERPRET=1 is set: the interpreter compiles nothing; run the warm-up without it")
+    problems = [WarmupProblem(p) if isinstance(p, int) else p for p in problems]
+    for p in problems:
+        if not isinstance(p, WarmupProblem):
+            raise ValueError(f"problems must be WarmupProblem objects or channel counts, got {p!r}")
+    tgt = _parse_target(target)
+    from .cake_causal_conv1d_det_train_backend.kernels import launch
+
+    launch.cache_keys_in_fixed_order()  # before anything hashes a kernel (launch.py); the workers inherit them
+    start = time.perf_counter()
+    specs = problem_specializations(problems, tgt)
+    items = [(name, spec, tgt) for name, spec in specs.values()]
+    n_jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
+    if progress:
+        progress(f"warmup: {len(problems)} problem(s), {len(items)} kernel variants for "
+                 f"sm_{tgt.arch}, {n_jobs} processes, cache {_cache_dir()}")
+    results = []
+    if items:
+        # fork where there is one: the workers only compile (no CUDA call), and a caller's script then
+        # needs no ``if __name__ == "__main__"`` guard
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(n_jobs, mp_context=multiprocessing.get_context(method)) as pool:
+            futures = [pool.submit(_compile_one, item) for item in items]
+            for i, future in enumerate(as_completed(futures), 1):
+                name, times = future.result()
+                results.append({"kernel": name, **times})
+                if progress:
+                    how = "cached" if times["cache_hit"] else (
+                        f"front end {times['front_end']:.1f} s, LLVM {times['llvm']:.1f} s, ptxas {times['ptxas']:.1f} s")
+                    progress(f"  [{i}/{len(items)}] {name}: {times['total']:.1f} s ({how})")
+    seconds = time.perf_counter() - start
+    hits = sum(r["cache_hit"] for r in results)
+    if progress:
+        progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {seconds:.1f} s")
+    return {"target": f"sm_{tgt.arch}", "kernels": results, "compiled": len(results) - hits, "cache_hits": hits,
+            "seconds": seconds, "cache_dir": _cache_dir()}
+
+
+def _cache_dir() -> str:
+    from triton import knobs
+
+    return knobs.cache.dir
+
+
+def _list(text, convert):
+    return [convert(v) for v in str(text).split(",") if v != ""]
+
+
+def main(argv=None) -> int:
+    """``python -m cakeconv warmup``: the command line of ``warmup``."""
+    ap = argparse.ArgumentParser(prog="python -m cakeconv warmup", description=warmup.__doc__.splitlines()[0])
+    ap.add_argument("--channels", required=True, help="channel counts C, comma-separated (e.g. 512,2048)")
+    ap.add_argument("--dtype", default="bf16", help="x dtypes: bf16, fp16, fp32 (comma-separated)")
+    ap.add_argument("--weight-dtype", default="fp32", help="taps dtypes: fp32, bf16 (comma-separated)")
+    ap.add_argument("--bias", default="no", choices=("no", "yes", "both"))
+    ap.add_argument("--width", default="4", help="widths W, 2..8 (comma-separated)")
+    ap.add_argument("--activation", default="silu", help="silu, none (comma-separated)")
+    ap.add_argument("--cu-dtype", default="int32", help="cu_seqlens dtypes: int32, int64 (comma-separated)")
+    ap.add_argument("--target", default="auto", help="auto (this GPU) or sm_<capability>, e.g. sm_90 (no GPU needed)")
+    ap.add_argument("--jobs", type=int, default=None, help="parallel compile processes (default: CPU count)")
+    ap.add_argument("--json", default=None, help="also write the report (per kernel: stage times) to this file")
+    a = ap.parse_args(argv)
+    try:
+        dtypes = _list(a.dtype, lambda v: _DTYPES[v])
+        wdtypes = _list(a.weight_dtype, lambda v: _DTYPES[v])
+        cu_dtypes = _list(a.cu_dtype, lambda v: {"int32": torch.int32, "int64": torch.int64}[v])
+    except KeyError as error:
+        ap.error(f"unknown dtype {error}")
+    acts = _list(a.activation, lambda v: None if v.lower() == "none" else v)
+    biases = {"no": [False], "yes": [True], "both": [False, True]}[a.bias]
+    try:
+        problems = [WarmupProblem(C, d, wd, b, W, act, cu)
+                    for C in _list(a.channels, int) for d in dtypes for wd in wdtypes for b in biases
+                    for W in _list(a.width, int) for act in acts for cu in cu_dtypes]
+        report = warmup(problems, target=a.target, jobs=a.jobs, progress=lambda line: print(line, flush=True))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if a.json:
+        import datetime
+        import json
+        import platform
+
+        import triton
+
+        report["problems"] = [str(p) for p in problems]
+        report["host"] = {"machine": platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+                          "triton": triton.__version__,
+                          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0

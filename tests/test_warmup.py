@@ -1,0 +1,171 @@
+"""``cakeconv.warmup``: what it compiles is what training launches, through Triton's own cache.
+
+Tier 1 (CPU, no GPU: compiled for sm_90): the warm-up's specializations cover every launch of
+ordinary training calls of its problems (other token counts, document counts and layouts, recorded
+without running); the compile pool fills a fresh cache and a second warm-up finds every entry;
+every kernel's Triton cache key is the same whichever kernel a process hashed first (the fixed
+order of ``cache_keys_in_fixed_order``); the command line and its errors.
+Tier 4 (GPU, marked ``gpu``): after a warm-up in one process, a training step in a fresh process
+with the same cache compiles nothing.
+
+Shape legend: S tokens, C channels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cakeconv import cake_causal_conv1d_det, warmup as warmup_module
+from cakeconv.cake_causal_conv1d_det_train_backend import checks
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import (
+    cuda_target,
+    triton_specialization,
+)
+from cakeconv.warmup import WarmupProblem, problem_specializations, warmup
+from tests.helpers import INTERPRET
+
+pytestmark = pytest.mark.skipif(INTERPRET, reason="tier 1: the warm-up compiles for a GPU target")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SM90 = cuda_target(90)
+
+
+def _training_launches(problem, S, n_docs, batch=None):
+    """The launches of one forward + backward of ``problem`` (recorded, not run)."""
+    saved = checks.INTERPRET
+    checks.INTERPRET = True
+    try:
+        shape = (batch, S // batch, problem.C) if batch else (S, problem.C)
+        x = torch.empty(shape, dtype=problem.dtype).requires_grad_(True)
+        w = torch.zeros(problem.C, problem.width, dtype=problem.weight_dtype).requires_grad_(True)
+        b = torch.zeros(problem.C, dtype=problem.weight_dtype).requires_grad_(True) if problem.bias else None
+        cu = None
+        if not batch:
+            cuts = torch.linspace(0, S, n_docs + 1).round().to(problem.cu_dtype)
+            cu = torch.unique(cuts)
+        with launch.record_launches() as recorded:
+            y = cake_causal_conv1d_det(x, w, b, cu_seqlens=cu, activation=problem.activation, backend="triton")
+            y.backward(torch.empty_like(y))
+    finally:
+        checks.INTERPRET = saved
+    return recorded
+
+
+@pytest.mark.parametrize("problem", [WarmupProblem(512), WarmupProblem(64, torch.float32, bias=True, width=7,
+                                                                        activation=None, cu_dtype=torch.int64)],
+                         ids=str)
+def test_warmup_covers_what_training_launches(problem):
+    planned = problem_specializations([problem], SM90)
+    texts = {text for _, text in planned}
+    calls = [(100, 3, None), (777, 1, None), (5000, 1200, None), (20000, 7, None), (20000, 6000, None),
+             (20000, 1, 4), (96, 1, 2)]
+    for S, n_docs, batch in calls:
+        for r in _training_launches(problem, S, n_docs, batch):
+            options, signature, constexprs, attrs = triton_specialization(r.kernel.fn, r.args, r.options, SM90)
+            text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
+                         sorted(options.__dict__.items())))
+            assert text in texts, f"{r.kernel.name} of S={S}, {n_docs} documents, batch {batch} is not warmed up"
+
+
+def test_warmup_compiles_into_the_cache_and_finds_it_again(tmp_path, monkeypatch):
+    """The pool compiles into TRITON_CACHE_DIR; a second warm-up compiles nothing (two cheap kernels
+    of a real problem's specializations, to keep CI short)."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    every = problem_specializations([WarmupProblem(256)], SM90)
+    cheap = {k: v for k, v in every.items() if k[0] in ("cake_segment_ids_kernel", "cake_conv_bwd_group_kernel")}
+    assert len(cheap) == 2
+    monkeypatch.setattr(warmup_module, "problem_specializations", lambda problems, target: cheap)
+    lines = []
+    first = warmup([256], target="sm_90", jobs=2, progress=lines.append)
+    assert first["compiled"] == 2 and first["cache_hits"] == 0 and first["target"] == "sm_90"
+    assert all(k["ptxas"] > 0 and k["front_end"] > 0 for k in first["kernels"])
+    assert lines[0].startswith("warmup: 1 problem(s), 2 kernel variants for sm_90") and "2 compiled" in lines[-1]
+    again = warmup([256], target="sm_90", jobs=2, progress=None)
+    assert again["compiled"] == 0 and again["cache_hits"] == 2
+    assert {k["cache_key"] for k in again["kernels"]} == {k["cache_key"] for k in first["kernels"]}
+
+
+_KEYS_AFTER = """
+import hashlib, sys
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
+launch.cache_keys_in_fixed_order() if sys.argv[1] == "fixed" else None
+first = {k.name: k for k in launch.KERNELS}[sys.argv[2]]
+first.fn.cache_key  # a process whose first kernel is this one
+launch.cache_keys_in_fixed_order()
+print(",".join(k.fn.cache_key[:12] for k in launch.KERNELS))
+"""
+
+
+def _keys(order: str, first: str) -> str:
+    out = subprocess.run([sys.executable, "-c", _KEYS_AFTER, order, first], capture_output=True, text=True, cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_cache_keys_do_not_depend_on_the_first_kernel():
+    """Triton's keys depend on the order kernels are hashed in; the fixed order removes that."""
+    assert _keys("fixed", "cake_conv_fwd_kernel") == _keys("fixed", "cake_conv_bwd_one_group_kernel")
+    # without it they differ (what the fixed order is for): if Triton stops doing this, drop the workaround
+    assert _keys("free", "cake_conv_fwd_kernel") != _keys("free", "cake_conv_bwd_one_group_kernel")
+
+
+def test_warmup_command_line_and_errors(tmp_path):
+    run = lambda *args: subprocess.run([sys.executable, "-m", "cakeconv", "warmup", *args], capture_output=True,  # noqa: E731
+                                       text=True, cwd=REPO, timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+    out = run("--channels", "512", "--target", "sm_75")
+    assert out.returncode == 2 and "capability >= 80" in out.stderr
+    out = run("--channels", "512", "--dtype", "fp8")
+    assert out.returncode == 2 and "unknown dtype 'fp8'" in out.stderr
+    out = run("--help")
+    assert out.returncode == 0 and "--target" in out.stdout
+    with pytest.raises(ValueError, match="width=9"):
+        WarmupProblem(512, width=9)
+    with pytest.raises(ValueError, match="C=500"):
+        WarmupProblem(500)
+    with pytest.raises(ValueError, match="'relu'"):
+        WarmupProblem(512, activation="relu")
+    out = run("--channels", "512", "--width", "1")
+    assert out.returncode == 2 and "width=1" in out.stderr
+    with pytest.raises(ValueError, match="problems must be"):
+        warmup(["512"], target="sm_90", progress=None)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU here"):
+            warmup([512], progress=None)
+
+
+_STEP = """
+import json, sys, torch
+from triton import knobs
+from cakeconv import cake_causal_conv1d_det
+events = []
+knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(cache_hit)
+C = int(sys.argv[1])
+for S, docs in ((4096, 3), (4096, 1024), (8320, 3), (8320, 2080)):
+    x = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(C, 4, device="cuda", requires_grad=True)
+    cu = torch.linspace(0, S, docs + 1, device="cuda").round().int()
+    cake_causal_conv1d_det(x, w, cu_seqlens=cu).sum().backward()
+torch.cuda.synchronize()
+print(json.dumps({"hits": sum(events), "compiled": len(events) - sum(events)}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_step_after_the_warmup_compiles_nothing(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    warm = subprocess.run([sys.executable, "-m", "cakeconv", "warmup", "--channels", "512"], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    step = subprocess.run([sys.executable, "-c", _STEP, "512"], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=600)
+    assert step.returncode == 0, step.stderr
+    result = json.loads(step.stdout.strip().splitlines()[-1])
+    assert result["compiled"] == 0 and result["hits"] > 0, (result, warm.stdout)
