@@ -481,7 +481,8 @@ def causal_conv1d_fwd_function(x, weight, bias, seq_idx, initial_states, final_s
     activation = "silu" if silu_activation else None
     if pair_delegation_reason(x, weight, bias, initial_states, final_states_out) is not None:
         pair = dao_cpp_functions() if x.is_cuda else None
-        if pair is not None and _dao_takes(x, weight, bias, seq_idx is not None or initial_states is not None):
+        states = seq_idx is not None or initial_states is not None or final_states_out is not None
+        if pair is not None and _dao_takes(x, weight, bias, states):  # its kernels take those channel-last only
             return pair[0](x, weight, bias, _int32(seq_idx), initial_states, final_states_out, silu_activation)
         out = torch_causal_conv1d_fn(x, weight, bias, seq_idx, initial_states, final_states_out is not None,
                                      final_states_out, activation)
@@ -531,8 +532,9 @@ def causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, initial_states, d
     activation = "silu" if silu_activation else None
     if pair_delegation_reason(x, weight, bias, initial_states, None, dfinal_states, return_dinitial_states) is not None:
         pair = dao_cpp_functions() if x.is_cuda else None
-        states = seq_idx is not None or initial_states is not None or dfinal_states is not None
-        if pair is not None and _dao_takes(x, weight, bias, states):
+        states = (seq_idx is not None or initial_states is not None or dfinal_states is not None
+                  or return_dinitial_states)
+        if pair is not None and _dao_takes(x, weight, bias, states):  # its kernels take those channel-last only
             return pair[1](x, weight, bias, dout, _int32(seq_idx), initial_states, dfinal_states, dx,
                            return_dinitial_states, silu_activation)
         return torch_causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
