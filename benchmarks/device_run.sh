@@ -58,6 +58,12 @@
 #              into /tmp/mamba from .fla/, shared/peers/ or ../shared/peers/mamba_ssm-2.3.2.post1.tar.gz;
 #              MODELSTEP_ARGS adds options (e.g. "--parts kda"), all within MODELSTEP_S (570 s) (carry .fla)
 #                                                                    -> modelstep.tgz: <gpu>_model_step.{json,log}, ...
+#   coldstart  benchmarks/bench_first_step.py, once Dao's build is ready: the first fwd+bwd from a cold start, one fresh
+#              process and empty Triton cache per library (cakeconv, cakeconv after `python -m cakeconv warmup`, FLA,
+#              Dao in both modes), the first call at a new C and a new row stride, the steady state, a second process
+#              on the warm cache; COLDSTART_ARGS adds options, all within COLDSTART_S (420 s); then the warm-up's GPU
+#              test, tests/test_warmup.py -m gpu, until WARMUP_TESTS_S (120 s) (carry .fla)
+#                                        -> <gpu>_first_step.{json,log}, <gpu>_first_step_table.txt, <gpu>_pytest_gpu_warmup.log
 #   multigpu   the multi-GPU test tier, tests/multigpu/run.sh NGPU                   -> <gpu>x<NGPU>_multigpu_tier.log
 # Kernel tools (the three steps add to one file, <gpu>_ncu_kernel_times.tgz)
 #   ncu        Nsight Compute counters of the main kernels with the tuner's picks, no bias (NCU_BIAS), one run per
@@ -311,6 +317,16 @@ for step in "$@"; do
          r=$?; echo "modelstep: rc $r"; [ $r -ne 0 ] && tail -15 "$OUT/modelstep/progress.log"
          pack modelstep
          tar -xzOf "$OUT/modelstep.tgz" "modelstep/${GPU_TAG}_model_step_table.txt" 2>/dev/null | cut -c1-260 ;;
+    coldstart) # the benchmark's processes run one after the other with nothing else on the GPU (quiet); --time-limit
+         # leaves it the time to write its JSON and table before COLDSTART_S ends
+         quiet; limit=${COLDSTART_S:-420}
+         timeout "$limit" python3 benchmarks/bench_first_step.py --time-limit $((limit - 15)) ${COLDSTART_ARGS:-} \
+           --out "$OUT" --name "${GPU_TAG}_first_step" > "$OUT/${GPU_TAG}_first_step.log" 2>&1
+         r=$?; echo "coldstart: rc $r"; [ $r -ne 0 ] && tail -15 "$OUT/${GPU_TAG}_first_step.log"
+         cut -c1-300 "$OUT/${GPU_TAG}_first_step_table.txt" 2>/dev/null
+         timeout ${WARMUP_TESTS_S:-120} python3 -m pytest -v -rf -m gpu tests/test_warmup.py -p no:cacheprovider \
+           > "$OUT/${GPU_TAG}_pytest_gpu_warmup.log" 2>&1
+         echo "warm-up GPU test: rc $?"; grep -E "PASSED|FAILED|ERROR| passed| failed" "$OUT/${GPU_TAG}_pytest_gpu_warmup.log" | tail -5 ;;
     multigpu) bash tests/multigpu/run.sh "$NGPU" 2>&1 | tee "$OUT/${GPU_TAG}x${NGPU}_multigpu_tier.log" | tail -30 ;;
     ncu) unpack "$KT_PACK"; mkdir -p "$OUT/$KT_PACK/ncu"
          NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
