@@ -518,6 +518,7 @@ def test_swap_report_names_every_convolution_and_unswap_restores():
 
     undone = unswap_short_convolutions(model)
     assert [e.where for e in undone.entries] == ["0.q_conv1d", "0.k_conv1d", "0.v_conv1d", "wide"]
+    assert str(undone).startswith("fla unswap: 4 of 4 places restored, 0 still run cakeconv")
     assert all(type(m) is FakeShortConvolution for m in (model[0].q_conv1d, model[0].v_conv1d, model.wide))
     assert "cake_backend" not in model.wide.__dict__ and "_use_fused_qkv_conv" not in model[0].__dict__
     assert model[0]._use_fused_qkv_conv(last_state=None, use_cache=False, cu_seqlens=None)

@@ -495,7 +495,7 @@ def unswap_short_convolutions(model: nn.Module) -> SwapReport:
         module.__class__ = base
         module.__dict__.pop("cake_backend", None)
         entries.append(SwapEntry(name, base.__name__, False, f"restored to {base.__qualname__}", newly_swapped=True))
-    return SwapReport("fla", tuple(entries))
+    return SwapReport("fla", tuple(entries), action="unswap")
 
 
 def causal_conv1d_delegation_reason(x, weight=None, bias=None, residual=None, initial_state=None,

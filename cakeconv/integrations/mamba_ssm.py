@@ -178,4 +178,4 @@ def unswap() -> SwapReport:
         else:
             entries.append(SwapEntry(where, "function", False, "rebound by someone else since the swap; left as it is"))
         del _SWAPPED[(module_name, name)]
-    return SwapReport("mamba_ssm", tuple(entries))
+    return SwapReport("mamba_ssm", tuple(entries), action="unswap")

@@ -55,10 +55,13 @@ class SwapReport:
     Attributes:
         integration: "fla", "transformers" or "mamba_ssm" (joined with "+" when merged).
         entries: every place looked at, in the order found.
+        action: "swap", or "unswap" for what an unswap returns (its entries' ``newly_swapped``:
+            restored by this call).
     """
 
     integration: str
     entries: tuple[SwapEntry, ...] = ()
+    action: str = "swap"
 
     @property
     def swapped(self) -> int:
@@ -79,7 +82,7 @@ class SwapReport:
         """Both reports' entries (this one's first), under the joined integration names."""
         names = self.integration if other.integration in self.integration.split("+") else \
             f"{self.integration}+{other.integration}"
-        return SwapReport(names, self.entries + other.entries)
+        return SwapReport(names, self.entries + other.entries, self.action)
 
     def warn_if_unreached(self, stacklevel: int = 3) -> None:
         """Warn (``CakeconvSwapWarning``) when some entries stay off cakeconv, naming them."""
@@ -88,15 +91,19 @@ class SwapReport:
             return
         named = "; ".join(f"{e.where or '<model>'} ({e.what}): {e.why}" for e in left[:_MAX_WARNED])
         more = f"; and {len(left) - _MAX_WARNED} more" if len(left) > _MAX_WARNED else ""
-        warnings.warn(f"{self.integration} swap: {len(left)} of {len(self.entries)} places stay off cakeconv: "
+        warnings.warn(f"{self.integration} {self.action}: {len(left)} of {len(self.entries)} places stay off cakeconv: "
                       f"{named}{more} (the returned SwapReport lists them all)", CakeconvSwapWarning,
                       stacklevel=stacklevel)
 
     def __str__(self) -> str:
         if not self.entries:
-            return f"{self.integration} swap: nothing found to swap"
-        head = (f"{self.integration} swap: {len(self.on_cakeconv)} of {len(self.entries)} places run cakeconv "
-                f"({self.swapped} changed by this call)")
+            return f"{self.integration} {self.action}: nothing found to {self.action}"
+        if self.action == "unswap":
+            head = (f"{self.integration} unswap: {self.swapped} of {len(self.entries)} places restored, "
+                    f"{len(self.on_cakeconv)} still run cakeconv")
+        else:
+            head = (f"{self.integration} swap: {len(self.on_cakeconv)} of {len(self.entries)} places run cakeconv "
+                    f"({self.swapped} changed by this call)")
         width = max(len(e.where or "<model>") for e in self.entries)
         kind = max(len(e.what) for e in self.entries)
         lines = [head]

@@ -537,7 +537,7 @@ def unswap_causal_conv1d(model: nn.Module | None = None) -> SwapReport:
             _fused_mamba_ssm(sys.modules[n]) for n in module_names if n in sys.modules)
     entries = [_restore_global(name) for name in module_names]
     entries += [_restore_attributes(where, module) for where, module in instances]
-    report = SwapReport("transformers", tuple(entries))
+    report = SwapReport("transformers", tuple(entries), action="unswap")
     if undo_mamba_ssm:
         from . import mamba_ssm as cake_mamba_ssm
 
