@@ -7,7 +7,8 @@ calls the function ``fla.modules.causal_conv1d.causal_conv1d``. This module give
 - ``swap_short_convolutions(model)``: turns every ``ShortConvolution`` of a model into a
   ``CakeShortConvolution`` in place (the same module objects, so the parameters, their device,
   dtype, ``requires_grad`` and optimizer state, hooks and the training mode are all kept) and
-  returns how many it turned; a second call finds none left and returns 0;
+  returns a ``SwapReport`` (each convolution: on cakeconv or why not; ``report.swapped`` counts
+  those this call turned, 0 on a second call); ``unswap_short_convolutions(model)`` undoes it;
 - ``CakeShortConvolution``: a subclass of ``ShortConvolution`` with the same constructor
   arguments (plus the keyword ``cake_backend``), the same parameters and state-dict keys
   (``weight`` ``[D, 1, W]``, ``bias`` ``[D]`` or none) and the same
