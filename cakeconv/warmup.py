@@ -14,9 +14,11 @@ per-token segment-index variants and the index build; packed documents (``cu_seq
 int64: each a variant) and ``[B, T, C]`` batches (no ``cu_seqlens``) are variants too. ``warmup``
 runs the public op forward and backward on CPU tensors of each kind, recording the launches
 without running them (the library's own launch records, as its tests use), derives each launch's
-specialization with Triton's binder for the target, and compiles the distinct ones. Launches of
-other row strides than C (x a slice of a wider tensor) and the context-parallel (KCP) row and halo
-kernels are not covered: they compile on first use.
+specialization with Triton's binder for the target, and compiles the distinct ones. The
+convolution of mamba_ssm's fused paths (x and dx slices of the layer's projection, through
+``cakeconv.integrations.mamba_ssm``) is a problem of its own (``mamba_ssm_row_stride``, the
+projection's width). Other row strides and the context-parallel (KCP) row and halo kernels are not
+covered: they compile on first use.
 
 The cache key is Triton's own (the kernel's source, the specialization, the options, the target,
 the Triton and ptxas versions, the environment variables that change code), so a run finds the
@@ -49,7 +51,16 @@ SHORT_DOC = 4             # tokens per document of the many-documents case (the 
 
 @dataclasses.dataclass(frozen=True)
 class WarmupProblem:
-    """One convolution a run trains: channels, dtypes, bias, width, activation, cu_seqlens dtype."""
+    """One convolution a run trains: channels, dtypes, bias, width, activation, cu_seqlens dtype,
+    and how it is called.
+
+    ``mamba_ssm_row_stride``: None (the default) for the op on contiguous rows (``[S, C]`` packed or
+    ``[B, T, C]``, autograd or the entry points); an int for the convolution of mamba_ssm's fused
+    paths as ``cakeconv.integrations.mamba_ssm.swap()`` runs it: causal-conv1d's pair
+    (``causal_conv1d_fwd_function`` / ``causal_conv1d_bwd_function``) on x and dx whose rows are
+    that many elements apart (a slice of the layer's in_proj output and of its gradient: Mamba2's
+    ``d_in_proj``), with ``seq_idx`` or batch rows (``cu_dtype`` is not used then).
+    """
 
     C: int
     dtype: torch.dtype = torch.bfloat16
@@ -58,6 +69,7 @@ class WarmupProblem:
     width: int = 4
     activation: str | None = "silu"
     cu_dtype: torch.dtype = torch.int32
+    mamba_ssm_row_stride: int | None = None
 
     def __post_init__(self):
         from .cake_causal_conv1d_det_train_backend import checks
@@ -70,11 +82,18 @@ class WarmupProblem:
                                      checks.W_DTYPES), ("cu_dtype", self.cu_dtype, (torch.int32, torch.int64))):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}")
+        stride = self.mamba_ssm_row_stride
+        if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < self.C
+                                   or stride % 8):
+            raise ValueError(f"mamba_ssm_row_stride must be None or a multiple of 8 of at least C = {self.C}, "
+                             f"got mamba_ssm_row_stride={stride!r}")
 
     def __str__(self) -> str:
         name = lambda d: str(d).replace("torch.", "")  # noqa: E731
+        how = (f"cu={name(self.cu_dtype)}" if self.mamba_ssm_row_stride is None
+               else f"mamba_ssm rows {self.mamba_ssm_row_stride} apart")
         return (f"C={self.C} x={name(self.dtype)} w={name(self.weight_dtype)} bias={'yes' if self.bias else 'no'} "
-                f"W={self.width} act={self.activation} cu={name(self.cu_dtype)}")
+                f"W={self.width} act={self.activation} {how}")
 
 
 def _calls(problem: WarmupProblem):
@@ -85,6 +104,27 @@ def _calls(problem: WarmupProblem):
         yield (S, problem.C), few(S)
         yield (S, problem.C), many(S)
         yield (2, S // 2, problem.C), None
+
+
+def _mamba_ssm_pair_step(problem: WarmupProblem, shape, cu) -> None:
+    """One forward and backward of causal-conv1d's pair as mamba_ssm's fused path calls it (x and dx
+    slices of wider [B, T, stride] tensors, dout contiguous, seq_idx from ``cu``), on cakeconv."""
+    from .integrations import dao
+
+    B, T = (1, shape[0]) if len(shape) == 2 else shape[:2]
+    stride = problem.mamba_ssm_row_stride
+    x_BDT = torch.empty(B, T, stride, dtype=problem.dtype)[..., :problem.C].transpose(1, 2)
+    dx_BDT = torch.empty(B, T, stride, dtype=problem.dtype)[..., :problem.C].transpose(1, 2)
+    dout_BDT = torch.empty(B, T, problem.C, dtype=problem.dtype).transpose(1, 2)
+    w = torch.zeros(problem.C, problem.width, dtype=problem.weight_dtype)
+    b = torch.zeros(problem.C, dtype=problem.weight_dtype) if problem.bias else None
+    seq_idx = None
+    if cu is not None:
+        lengths = torch.tensor(cu[1:]) - torch.tensor(cu[:-1])
+        seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), lengths)[None]
+    silu = problem.activation == "silu"
+    dao.causal_conv1d_fwd_function(x_BDT, w, b, seq_idx, None, None, silu, backend="triton")
+    dao.causal_conv1d_bwd_function(x_BDT, w, b, dout_BDT, seq_idx, None, None, dx_BDT, False, silu, backend="triton")
 
 
 def _record(problem: WarmupProblem) -> list:
@@ -98,6 +138,11 @@ def _record(problem: WarmupProblem) -> list:
     checks.INTERPRET = True  # the Triton backend takes CPU tensors: they are only recorded
     try:
         for shape, cu in _calls(problem):
+            if problem.mamba_ssm_row_stride is not None:
+                with launch.record_launches() as recorded:
+                    _mamba_ssm_pair_step(problem, shape, cu)
+                launches += recorded
+                continue
             x = torch.empty(shape, dtype=problem.dtype).requires_grad_(True)
             w = torch.zeros(problem.C, problem.width, dtype=problem.weight_dtype).requires_grad_(True)
             b = torch.zeros(problem.C, dtype=problem.weight_dtype).requires_grad_(True) if problem.bias else None
@@ -229,6 +274,9 @@ def main(argv=None) -> int:
     ap.add_argument("--width", default="4", help="widths W, 2..8 (comma-separated)")
     ap.add_argument("--activation", default="silu", help="silu, none (comma-separated)")
     ap.add_argument("--cu-dtype", default="int32", help="cu_seqlens dtypes: int32, int64 (comma-separated)")
+    ap.add_argument("--mamba-ssm-row-stride", default="", help="warm each --channels entry as the convolution of "
+                    "mamba_ssm's fused paths (cakeconv.integrations.mamba_ssm), on x rows this many elements apart: "
+                    "Mamba2's d_in_proj (comma-separated, one per --channels entry)")
     ap.add_argument("--target", default="auto", help="auto (this GPU) or sm_<capability>, e.g. sm_90 (no GPU needed)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel compile processes (default: CPU count)")
     ap.add_argument("--json", default=None, help="also write the report (per kernel: stage times) to this file")
@@ -242,9 +290,16 @@ def main(argv=None) -> int:
     acts = _list(a.activation, lambda v: None if v.lower() == "none" else v)
     biases = {"no": [False], "yes": [True], "both": [False, True]}[a.bias]
     try:
-        problems = [WarmupProblem(C, d, wd, b, W, act, cu)
-                    for C in _list(a.channels, int) for d in dtypes for wd in wdtypes for b in biases
-                    for W in _list(a.width, int) for act in acts for cu in cu_dtypes]
+        channels = _list(a.channels, int)
+        strides = _list(a.mamba_ssm_row_stride, int)
+        if strides and len(strides) != len(channels):
+            raise ValueError(f"--mamba-ssm-row-stride needs one stride per --channels entry, got {strides} for "
+                             f"{channels}")
+        layouts = [(C, [strides[i]] if strides else [None]) for i, C in enumerate(channels)]
+        problems = [WarmupProblem(C, d, wd, b, W, act, cu, stride)
+                    for C, stride_list in layouts for stride in stride_list for d in dtypes for wd in wdtypes
+                    for b in biases for W in _list(a.width, int) for act in acts
+                    for cu in (cu_dtypes if stride is None else cu_dtypes[:1])]
         report = warmup(problems, target=a.target, jobs=a.jobs, progress=lambda line: print(line, flush=True))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

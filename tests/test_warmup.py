@@ -74,6 +74,33 @@ def test_warmup_covers_what_training_launches(problem):
             assert text in texts, f"{r.kernel.name} of S={S}, {n_docs} documents, batch {batch} is not warmed up"
 
 
+def test_warmup_covers_mamba_ssm_fused_path_calls():
+    """The mamba_ssm layout: the pair on slices of a wider projection (Mamba2: conv 4352 channels of an
+    8512-wide in_proj, here scaled down) at other token and document counts launches nothing outside
+    the warm-up's set, and the contiguous problem's set does not cover it."""
+    problem = WarmupProblem(96, bias=True, mamba_ssm_row_stride=200)
+    texts = {text for _, text in problem_specializations([problem], SM90)}
+    plain = {text for _, text in problem_specializations([WarmupProblem(96, bias=True)], SM90)}
+    saved = checks.INTERPRET
+    checks.INTERPRET = True
+    try:
+        for shape, cu in (((700,), [0, 300, 700]), ((9000,), [0, 4, 8, 2000, 9000]), ((3, 50), None),
+                          ((10000,), list(range(0, 10000, 3)) + [10000])):
+            with launch.record_launches() as recorded:
+                warmup_module._mamba_ssm_pair_step(problem, (*shape, problem.C), cu)
+            assert recorded
+            for r in recorded:
+                options, signature, constexprs, attrs = triton_specialization(r.kernel.fn, r.args, r.options, SM90)
+                text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
+                             sorted(options.__dict__.items())))
+                assert text in texts, f"{r.kernel.name} of {shape}, {cu and len(cu) - 1} documents is not warmed up"
+    finally:
+        checks.INTERPRET = saved
+    assert not texts <= plain
+    with pytest.raises(ValueError, match="mamba_ssm_row_stride=90"):
+        WarmupProblem(96, mamba_ssm_row_stride=90)
+
+
 def test_warmup_compiles_into_the_cache_and_finds_it_again(tmp_path, monkeypatch):
     """The pool compiles into TRITON_CACHE_DIR; a second warm-up compiles nothing (two cheap kernels
     of a real problem's specializations, to keep CI short)."""
@@ -134,6 +161,8 @@ def test_warmup_command_line_and_errors(tmp_path):
         WarmupProblem(512, activation="relu")
     out = run("--channels", "512", "--width", "1")
     assert out.returncode == 2 and "width=1" in out.stderr
+    out = run("--channels", "512,1024", "--mamba-ssm-row-stride", "1040")
+    assert out.returncode == 2 and "one stride per --channels entry" in out.stderr
     with pytest.raises(ValueError, match="problems must be"):
         warmup(["512"], target="sm_90", progress=None)
     if not torch.cuda.is_available():
