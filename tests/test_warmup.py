@@ -6,7 +6,8 @@ without running); the compile pool fills a fresh cache and a second warm-up find
 every kernel's Triton cache key is the same whichever kernel a process hashed first (the fixed
 order of ``cache_keys_in_fixed_order``); the command line and its errors.
 Tier 4 (GPU, marked ``gpu``): after a warm-up in one process, a training step in a fresh process
-with the same cache compiles nothing.
+with the same cache compiles nothing; the same for mamba_ssm's layout (the causal-conv1d pair on
+slices of a wider projection).
 
 Shape legend: S tokens, C channels.
 """
@@ -194,6 +195,40 @@ def test_gpu_a_step_after_the_warmup_compiles_nothing(tmp_path):
                           text=True, cwd=REPO, env=env, timeout=600)
     assert warm.returncode == 0, warm.stderr
     step = subprocess.run([sys.executable, "-c", _STEP, "512"], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=600)
+    assert step.returncode == 0, step.stderr
+    result = json.loads(step.stdout.strip().splitlines()[-1])
+    assert result["compiled"] == 0 and result["hits"] > 0, (result, warm.stdout)
+
+
+_PAIR_STEP = """
+import json, torch
+from triton import knobs
+from cakeconv.integrations import dao
+events = []
+knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(cache_hit)
+C, Z = 256, 520
+for B, T, docs in ((1, 4096, 3), (1, 8320, 2080), (2, 2048, None)):
+    zx = torch.randn(B, T, Z, device="cuda", dtype=torch.bfloat16)
+    dz = torch.zeros_like(zx)
+    x, dx = zx[..., :C].transpose(1, 2), dz[..., :C].transpose(1, 2)
+    w, b = torch.randn(C, 4, device="cuda"), torch.randn(C, device="cuda")
+    seq_idx = None if docs is None else (torch.arange(T, device="cuda") * docs // T).int()[None]
+    y = dao.causal_conv1d_fwd_function(x, w, b, seq_idx, None, None, True)
+    dao.causal_conv1d_bwd_function(x, w, b, torch.randn_like(y.transpose(1, 2).contiguous()).transpose(1, 2),
+                                   seq_idx, None, None, dx, False, True)
+torch.cuda.synchronize()
+print(json.dumps({"hits": sum(events), "compiled": len(events) - sum(events)}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_mamba_ssm_step_after_its_warmup_compiles_nothing(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    warm = subprocess.run([sys.executable, "-m", "cakeconv", "warmup", "--channels", "256", "--mamba-ssm-row-stride",
+                           "520", "--bias", "yes"], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    step = subprocess.run([sys.executable, "-c", _PAIR_STEP], capture_output=True, text=True, cwd=REPO, env=env,
                           timeout=600)
     assert step.returncode == 0, step.stderr
     result = json.loads(step.stdout.strip().splitlines()[-1])
