@@ -95,6 +95,7 @@ if BENCH_DIR not in sys.path:
     sys.path.insert(0, BENCH_DIR)
 
 from environment import REPO_ROOT, git_commit  # noqa: E402  (standard library only: no torch here)
+from report_rows import write_json, write_result_files  # noqa: E402  (no torch either)
 
 STEM = "bench_first_step"
 LIBRARIES = ("cakeconv", "cakeconv_after_warmup", "fla", "dao", "dao_det")
@@ -152,12 +153,6 @@ def parse_args(argv=None):
 
 def progress(text: str) -> None:
     print(f"[first step {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def write_json(path, data) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 # ------------------------------------------------------------------------- the measured process
@@ -541,16 +536,11 @@ def main(argv=None) -> dict:
         r.update(gpu=env["gpu"], torch=r["torch"] or env["torch"], triton=r["triton"] or env["triton"],
                  date=env["date"], commit=env["commit"])
     result = {"env": env, "config": settings(args), "rows": rows}
-    write_json(os.path.join(args.out, f"{args.name}.json"), result)
     title = (f"First fwd+bwd from a cold start: S = {args.tokens} packed bf16 tokens in {len(DOC_EDGES) - 1} "
              f"documents, C = {args.channels} (new C {args.new_channels}; stride case: row stride "
              f"{STRIDE_FACTOR * args.channels}), W = {WIDTH}, SiLU, fp32 taps; one fresh process and empty Triton "
              f"cache per library; GPU: {env['gpu']}; torch {env['torch']}, triton {env['triton']}; {env['date']}")
-    text = title + "\n" + table(rows)
-    with open(os.path.join(args.out, f"{args.name}_table.txt"), "w") as f:
-        f.write(text + "\n")
-    print(text)
-    print(f"# wrote {os.path.join(args.out, args.name + '.json')}")
+    write_result_files(args.out, args.name, result, title + "\n" + table(rows))
     return result
 
 

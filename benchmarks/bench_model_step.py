@@ -95,6 +95,7 @@ import torch  # noqa: E402
 
 from doc_mixes import SEED_MEAN_LEN, mix_lengths, parse_mix  # noqa: E402
 from environment import REPO_ROOT, run_environment  # noqa: E402
+from report_rows import write_json, write_result_files  # noqa: E402
 from timing import percentile, wall_samples  # noqa: E402
 
 if REPO_ROOT not in sys.path:
@@ -784,12 +785,6 @@ def run_part(args) -> dict:
     return result
 
 
-def write_json(path, data) -> None:
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
-
-
 def run_child(args, part, mode, path, timeout: float) -> dict:
     """``part`` in its own process (with ``mode``'s variables for mamba), at most ``timeout`` seconds;
     returns what it wrote, with ``rc`` and ``seconds``."""
@@ -914,15 +909,10 @@ def main(argv=None) -> dict:
             os.remove(path)
     env = next((p["env"] for p in done if p.get("env")), None)
     result = {"env": env, "config": settings(args), "parts": done, "rows": rows}
-    write_json(os.path.join(args.out, f"{args.name}.json"), result)
     title = (f"Training step, {args.tokens} packed tokens, {args.precision}"
              f"{' (CPU dry run: float32)' if args.dry_run else ''}, median of {args.steps} rounds after "
              f"{args.warmup}; GPU: {(env or {}).get('gpu')}")
-    text = title + "\n" + table(rows)
-    with open(os.path.join(args.out, f"{args.name}_table.txt"), "w") as f:
-        f.write(text + "\n")
-    print(text)
-    print(f"# wrote {os.path.join(args.out, args.name + '.json')}")
+    write_result_files(args.out, args.name, result, title + "\n" + table(rows))
     return result
 
 

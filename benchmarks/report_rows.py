@@ -124,6 +124,24 @@ CSV_FIELDS = list(ENV_FIELDS) + [
     "n_docs", "doc_min", "doc_max", "n_sets", "chain", "host_ahead_us"]
 
 
+def write_json(path: str, data) -> None:
+    """``data`` as indented JSON, written to a temporary file first (a reader never sees half a file)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def write_result_files(out_dir: str, name: str, result: dict, text: str) -> None:
+    """A one-file benchmark's outputs: ``<name>.json`` (``result``) and ``<name>_table.txt`` (``text``,
+    also printed, then the JSON's path)."""
+    path = os.path.join(out_dir, f"{name}.json")
+    write_json(path, result)
+    with open(os.path.join(out_dir, f"{name}_table.txt"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    print(f"# wrote {path}")
+
+
 def write_jsonl(path: str, lines) -> None:
     with open(path, "w") as f:
         for line in lines:

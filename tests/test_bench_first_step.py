@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests.helpers import benchmark_module
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "benchmarks", "bench_first_step.py")
 PLANNED = ["cakeconv", "cakeconv_after_warmup", "fla", "dao", "dao_det"]
@@ -27,12 +29,8 @@ RUN_FIELDS = ["gpu", "torch", "triton", "date", "commit", "version"]
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    try:
-        import bench_first_step
-        yield bench_first_step
-    finally:
-        sys.path.remove(os.path.join(REPO, "benchmarks"))
+    with benchmark_module("bench_first_step") as module:
+        yield module
 
 
 def run(tmp_path, *options, timeout=120):

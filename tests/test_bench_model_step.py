@@ -16,6 +16,8 @@ import tarfile
 import pytest
 import torch
 
+from tests.helpers import benchmark_module
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAMBA_TARBALL = os.path.join(os.path.dirname(REPO), "shared", "peers", "mamba_ssm-2.3.2.post1.tar.gz")
 ROW_FIELDS = {"part", "mode", "workload", "mix", "variant", "runs", "tokens", "n_docs", "doc_min", "doc_max",
@@ -24,12 +26,8 @@ ROW_FIELDS = {"part", "mode", "workload", "mix", "variant", "runs", "tokens", "n
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    try:
-        import bench_model_step
-        yield bench_model_step
-    finally:
-        sys.path.remove(os.path.join(REPO, "benchmarks"))
+    with benchmark_module("bench_model_step") as module:
+        yield module
 
 
 def run_dry(out, *extra):

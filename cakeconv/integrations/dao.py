@@ -302,15 +302,26 @@ def _channel_last(x_BDT: torch.Tensor) -> bool:
     return x_BDT.stride(1) == 1 and x_BDT.stride(2) > 1
 
 
+def _in_layout_of_x(t_BTD: torch.Tensor, x_BDT: torch.Tensor) -> torch.Tensor:
+    """A [B, T, D] result as causal-conv1d returns it for x: the channel-last [B, D, T] view when x is
+    channel-last (or has one token), else a contiguous [B, D, T] copy."""
+    t_BDT = t_BTD.transpose(1, 2)
+    return t_BDT if _channel_last(x_BDT) or x_BDT.shape[2] == 1 else t_BDT.contiguous()
+
+
+def _cake_taps(weight_DW: torch.Tensor) -> torch.Tensor:
+    """Taps as cakeconv's op takes them: fp16 widened to fp32 (exact; autograd, or the caller, rounds
+    dweight back to fp16 once)."""
+    return weight_DW.float() if weight_DW.dtype == torch.float16 else weight_DW
+
+
 def _cake_fn(x_BDT, weight_DW, bias_D, seq_idx_BT, activation, backend):
     """y [B, D, T] = act(conv) on cakeconv's op at the real width W, in x's layout (module docstring)."""
     B, D, T = x_BDT.shape
-    channel_last = _channel_last(x_BDT) or T == 1
     x_BTD = x_BDT.transpose(1, 2)  # a view; rows of D channels
-    if not channel_last:
+    if not (_channel_last(x_BDT) or T == 1):
         x_BTD = x_BTD.contiguous()
-    if weight_DW.dtype == torch.float16:
-        weight_DW = weight_DW.float()  # exact; autograd rounds dweight back to fp16 once
+    weight_DW = _cake_taps(weight_DW)
     act = _cake_activation(activation)
     if seq_idx_BT is None:
         y_BTD = cake_causal_conv1d_det(x_BTD, weight_DW, bias_D, activation=act, backend=backend)
@@ -319,8 +330,7 @@ def _cake_fn(x_BDT, weight_DW, bias_D, seq_idx_BT, activation, backend):
         y_SD = cake_causal_conv1d_det(x_BTD.reshape(B * T, D), weight_DW, bias_D, cu_seqlens=cu_N1,
                                       activation=act, backend=backend)
         y_BTD = y_SD.view(B, T, D)
-    y_BDT = y_BTD.transpose(1, 2)
-    return y_BDT if channel_last else y_BDT.contiguous()
+    return _in_layout_of_x(y_BTD, x_BDT)
 
 
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
@@ -446,10 +456,6 @@ def _rows_of(t_BDT: torch.Tensor, seq_idx) -> torch.Tensor:
     return t_BTD.reshape(t_BTD.shape[0] * t_BTD.shape[1], t_BTD.shape[2])
 
 
-def _pair_taps(weight_DW: torch.Tensor) -> torch.Tensor:
-    return weight_DW.float() if weight_DW.dtype == torch.float16 else weight_DW  # exact widening
-
-
 def causal_conv1d_fwd_function(x, weight, bias, seq_idx, initial_states, final_states_out, silu_activation, *,
                                backend="auto"):
     """causal-conv1d 1.7.0's ``causal_conv1d_fwd_function`` (what mamba_ssm's fused paths call), on cakeconv.
@@ -489,10 +495,9 @@ def causal_conv1d_fwd_function(x, weight, bias, seq_idx, initial_states, final_s
         return out[0] if final_states_out is not None else out
     B, D, T = x.shape
     cu_N1 = None if seq_idx is None else cu_seqlens_from_seq_idx(seq_idx)
-    y_rows = cake_causal_conv1d_det_train_forward(_rows_of(x, seq_idx), _pair_taps(weight), bias, cu_N1,
+    y_rows = cake_causal_conv1d_det_train_forward(_rows_of(x, seq_idx), _cake_taps(weight), bias, cu_N1,
                                                   activation=activation, backend=backend)
-    y_BDT = y_rows.view(B, T, D).transpose(1, 2)
-    return y_BDT if _channel_last(x) or T == 1 else y_BDT.contiguous()
+    return _in_layout_of_x(y_rows.view(B, T, D), x)
 
 
 def causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, initial_states, dfinal_states, dx,
@@ -549,11 +554,10 @@ def causal_conv1d_bwd_function(x, weight, bias, dout, seq_idx, initial_states, d
         except RuntimeError:
             dx_rows = None
     dx_out, dw_DW, db_D = cake_causal_conv1d_det_train_backward(
-        _rows_of(dout, seq_idx), x_rows, _pair_taps(weight), bias, cu_N1, dx=dx_rows, dweight_dtype=weight.dtype,
+        _rows_of(dout, seq_idx), x_rows, _cake_taps(weight), bias, cu_N1, dx=dx_rows, dweight_dtype=weight.dtype,
         activation=activation, backend=backend)
     if dx is None:
-        dx_BDT = dx_out.view(B, T, D).transpose(1, 2)
-        dx = dx_BDT if _channel_last(x) or T == 1 else dx_BDT.contiguous()
+        dx = _in_layout_of_x(dx_out.view(B, T, D), x)
     elif dx_rows is None:
         dx.copy_(dx_out.view(B, T, D).transpose(1, 2))
     if db_D is not None and db_D.dtype != bias.dtype:

@@ -53,7 +53,7 @@ import importlib.util
 import sys
 
 from . import dao
-from .report import SwapEntry, SwapReport
+from .report import SwapEntry, SwapReport, qualified_name
 
 __all__ = ["swap", "unswap", "is_swapped"]
 
@@ -80,11 +80,7 @@ def _cake_function(name: str, cake_backend: str):
 
 
 def _describe(value) -> str:
-    if value is None:
-        return "None (causal-conv1d not installed)"
-    if isinstance(value, functools.partial):
-        value = value.func
-    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    return "None (causal-conv1d not installed)" if value is None else qualified_name(value)
 
 
 def is_swapped() -> bool:

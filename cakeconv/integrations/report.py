@@ -16,11 +16,19 @@ training calls do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 
 __all__ = ["CakeconvSwapWarning", "SwapEntry", "SwapReport"]
 
 _MAX_WARNED = 8  # entries named in a warning's text (the report has them all)
+
+
+def qualified_name(value) -> str:
+    """``module.qualname`` of a function (of a partial's function), for a report's "was ..." text."""
+    if isinstance(value, functools.partial):
+        value = value.func
+    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
 
 
 class CakeconvSwapWarning(UserWarning):

@@ -111,7 +111,7 @@ import weakref
 import torch.nn as nn
 
 from . import dao
-from .report import CakeconvSwapWarning, SwapEntry, SwapReport
+from .report import CakeconvSwapWarning, SwapEntry, SwapReport, qualified_name
 
 __all__ = ["swap_causal_conv1d", "unswap_causal_conv1d", "is_swapped"]
 
@@ -474,7 +474,7 @@ def _describe(value) -> str:
         return "None"
     if isinstance(value, nn.Module):
         return f"{type(value).__module__}.{getattr(value, 'kernel_layer_name', type(value).__name__)} (kernels)"
-    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    return qualified_name(value)
 
 
 def _restore_global(module_name: str) -> SwapEntry:
