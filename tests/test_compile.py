@@ -229,3 +229,48 @@ def test_compile_cuda_triton_bitwise(mode):
         x = torch.randn(4099, C, generator=torch.Generator().manual_seed(10 + step)).cuda()
         want = _run(model, model, x, cu)
         _assert_bitwise(_run(model, compiled, x, cu), want, f"{mode}, step {step}")
+
+
+def _functions_asking_is_compiling(module) -> set:
+    """The functions of ``module``'s source that call ``torch.compiler.is_compiling()``."""
+    import ast
+    import inspect
+
+    found = set()
+    for fn in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "is_compiling"):
+                    found.add(fn.name)
+    return found
+
+
+def test_one_eager_compile_wrapper_per_custom_op():
+    """Eager or traced is decided in one function per custom op (the single-rank op's forward and
+    backward, KCP's forward and backward), never in the entry points or the autograd Functions."""
+    from cakeconv.cake_causal_conv1d_det_train_backend import conv
+    from cakeconv.cake_causal_conv1d_det_train_backend.kcp import ops
+
+    assert _functions_asking_is_compiling(conv) == {"run_forward", "run_backward"}
+    assert _functions_asking_is_compiling(ops) == {"_forward_call", "_backward_call"}
+
+
+def test_traced_backward_of_an_eager_forward_takes_the_custom_op(monkeypatch):
+    """A backward traced after an eager forward (compiled autograd) goes through the backward op
+    even though the forward left its eager plan on the node; the bits are the eager backward's."""
+    from cakeconv.cake_causal_conv1d_det_train_backend import conv
+
+    x, w, b, dy = make_inputs(40, C, dtype=torch.float32, seed=3)
+    cu = torch.tensor([0, 7, 40], dtype=torch.int32)
+    x.requires_grad_(True), w.requires_grad_(True), b.requires_grad_(True)
+    want = torch.autograd.grad(cake_causal_conv1d_det(x, w, b, cu_seqlens=cu), (x, w, b), dy)
+    y = cake_causal_conv1d_det(x, w, b, cu_seqlens=cu)  # eager forward: the node holds its plan
+    calls = []
+    real_op = conv.backward_into_op
+    monkeypatch.setattr(conv, "backward_into_op", lambda *a: calls.append(1) or real_op(*a))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    got = torch.autograd.grad(y, (x, w, b), dy)
+    assert calls == [1]
+    for g, e in zip(got, want):
+        assert torch.equal(g, e)

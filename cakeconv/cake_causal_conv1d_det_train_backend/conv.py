@@ -20,11 +20,13 @@ The ladder, bottom to top; each rung calls the one below:
    write into given buffers (``torch.ops.cakeconv.cake_causal_conv1d_det_forward_into`` and
    ``..._backward_into``). ``torch.compile`` sees each as one opaque op (no graph break, the bits of
    eager), and the validation runs when the compiled graph runs.
-3. The entry points ``cake_causal_conv1d_det_train_forward`` / ``_backward``: validate once,
-   allocate what the caller did not give, run rung 1; while compiling they call rung 2 instead.
-4. ``CakeCausalConv1dDetFunction``: the one autograd Function, on rung 3's pieces. Eager, its
-   backward reuses the forward's plan and checks only dy.
-5. ``cake_causal_conv1d_det``: the public function (no autograd node when nothing needs a gradient).
+3. ``run_forward`` / ``run_backward``: one wrapper per custom op, the only code that asks whether
+   torch.compile is tracing. Eager: rung 1 on a Plan (validated once); traced: rung 2.
+4. The entry points ``cake_causal_conv1d_det_train_forward`` / ``_backward``: argument checks, then
+   rung 3.
+5. ``CakeCausalConv1dDetFunction``: the one autograd Function, on rung 3. Eager, its backward
+   reuses the forward's plan and checks only dy.
+6. ``cake_causal_conv1d_det``: the public function (no autograd node when nothing needs a gradient).
 
 Eager calls pay for no dispatcher round trip: the custom ops exist for the compiler only, and run
 the same code (rungs 1 and the same checks), so eager and compiled results are bitwise equal.
@@ -327,7 +329,123 @@ def _backward_into_fake(dy, x, weight, bias, cu_seqlens, backend, dx, workspace,
     return None
 
 
-# ------------------------------------------------------------------------- 3. entry points
+# ------------------------------------------- 3. one eager/compile wrapper per custom op
+# ``run_forward`` and ``run_backward`` are the only places that ask whether torch.compile is
+# tracing: eager calls run rung 1 on a Plan (validated once; the autograd Function hands the
+# forward's plan to the backward), traced calls the custom op of rung 2. Everything above them
+# (entry points, the autograd Function, the public op) is the same code in both worlds.
+
+def _schema_types_ok(x, weight, bias, cu_seqlens, backend, activation) -> bool:
+    """True when the operands fit the custom ops' schema (tensors, None where optional, a str, and
+    a str or None for the activation)."""
+    return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))
+            and (cu_seqlens is None or isinstance(cu_seqlens, torch.Tensor))
+            and isinstance(backend, str) and (activation is None or isinstance(activation, str)))
+
+
+def _check_schema_types(x, weight, bias, cu_seqlens, backend, activation) -> None:
+    """Raise the validation error that names an operand the custom ops' schema cannot take."""
+    if not _schema_types_ok(x, weight, bias, cu_seqlens, backend, activation):
+        checks.check_problem(x, weight, bias, cu_seqlens, backend, activation)
+        raise TypeError(f"cake_causal_conv1d_det got operands of types {type(x).__name__}, "
+                        f"{type(weight).__name__}, {type(bias).__name__}, {type(cu_seqlens).__name__}, "
+                        f"{type(backend).__name__}, {type(activation).__name__}")
+
+
+def run_forward(x, weight, bias, cu_seqlens, backend, activation, out=None, plan=None):
+    """(y, plan): y = act(conv(x)) written into ``out`` (x's shape and dtype) or a new contiguous
+    tensor. Eager: rung 1 on ``plan`` (validated here when None), which is returned for the
+    backward. Traced by torch.compile: the custom op ``forward_into_op`` (validated when the graph
+    runs), and None for the plan."""
+    if torch.compiler.is_compiling():
+        _check_schema_types(x, weight, bias, cu_seqlens, backend, activation)
+        y = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
+        forward_into_op(x, weight, bias, cu_seqlens, backend, y, activation)
+        return y, None
+    if plan is None:
+        plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
+    if out is not None:
+        checks.check_like("out", out, x.shape, x.dtype, x.device)
+        y = out
+    else:
+        y = torch.empty_like(x, memory_format=_CONTIGUOUS)
+    _forward(plan, x, weight, bias, cu_seqlens, y)
+    return y, plan
+
+
+def _workspace_views(workspace, n_ws, C, W, dweight_dtype, has_bias):
+    """(ws_F, dw_CW, db_C) carved from a caller's workspace: bytes [0, 4 n_ws) the FP32 partials, then
+    dweight at byte 4 n_ws and dbias at 4 n_ws + 4 W C (FP32-sized slots, whatever dweight_dtype)."""
+    ws_U = workspace if workspace.dim() == 1 and workspace.dtype == torch.uint8 else workspace.view(-1).view(torch.uint8)
+    at, size = 4 * n_ws, dweight_dtype.itemsize
+    if dweight_dtype == torch.float32:  # one FP32 view; dw and db are strided views of it (fewer ops per call)
+        ws_F = ws_U[:at + 4 * (W + 1) * C].view(torch.float32)
+        o = ws_F.storage_offset() + n_ws
+        dw_CW = ws_F.as_strided((C, W), (W, 1), o)
+        db_C = ws_F.as_strided((C,), (1,), o + W * C) if has_bias else None
+        return ws_F, dw_CW, db_C
+    ws_F = ws_U[:at].view(torch.float32)
+    dw_CW = ws_U[at:at + W * C * size].view(dweight_dtype).view(C, W)
+    db_C = None
+    if has_bias:
+        at_b = at + 4 * W * C
+        db_C = ws_U[at_b:at_b + C * size].view(dweight_dtype)
+    return ws_F, dw_CW, db_C
+
+
+def _gradient_buffers(weight, C, W, dweight_dtype, has_bias):
+    """(dw_CW, db_C) newly allocated: one allocation for both with a bias."""
+    if has_bias:
+        dwb = weight.new_empty((W + 1) * C, dtype=dweight_dtype)
+        return dwb[:W * C].view(C, W), dwb[W * C:]
+    return torch.empty_like(weight, dtype=dweight_dtype, memory_format=_CONTIGUOUS), None
+
+
+def run_backward(dy, x, weight, bias, cu_seqlens, backend, activation, dweight_dtype, dx=None, workspace=None,
+                 plan=None):
+    """(dx, dweight, dbias): the backward into ``dx`` and a ``workspace`` when given (dweight and dbias
+    are then views into it), else new buffers. Eager: rung 1 on ``plan`` (validated here when None;
+    dy is checked on its first layout); a dx whose rows are a slice of a wider tensor is written in
+    place. Traced by torch.compile: the custom op ``backward_into_op`` (validated when the graph runs)."""
+    if torch.compiler.is_compiling():
+        C, W = x.shape[-1], weight.shape[-1]
+        S = x.numel() // C if C else 0
+        n_ws = backward_workspace_floats(S, C, W)
+        if workspace is not None:
+            ws_F, dw_CW, db_C = _workspace_views(workspace, n_ws, C, W, dweight_dtype, bias is not None)
+        else:
+            ws_F = torch.empty(n_ws, dtype=torch.float32, device=x.device)
+            dw_CW, db_C = _gradient_buffers(weight, C, W, dweight_dtype, bias is not None)
+        dx_out = dx if dx is not None else torch.empty_like(x, memory_format=_CONTIGUOUS)
+        db = db_C if db_C is not None else dw_CW.new_empty((0,))
+        backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db, activation)
+        return dx_out, dw_CW, db_C
+    if plan is None:
+        plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
+    launches = plan.backward_for(dy, x, dweight_dtype)  # checks dy
+    C, W = plan.C, plan.W
+    dx_strided = False
+    if dx is not None:
+        checks.check_like("dx", dx, x.shape, x.dtype, x.device)
+        if launches is not None and not dx.is_contiguous():  # rows of a wider tensor: written in place
+            S_dx = dx.numel() // C if C else 0
+            dx_stride = _row_stride(dx, S_dx, C) if S_dx else None
+            if dx_stride is not None:
+                launches = plan.backward_for(dy, x, dweight_dtype, dx_stride)
+                dx_strided = launches is not None
+    if workspace is not None:
+        _check_workspace(workspace, cake_causal_conv1d_det_train_backward_workspace_bytes(plan.S, C, width=W), x.device)
+        ws_F, dw_CW, db_C = _workspace_views(workspace, plan.n_ws, C, W, dweight_dtype, bias is not None)
+    else:
+        ws_F = None
+        dw_CW, db_C = _gradient_buffers(weight, C, W, dweight_dtype, bias is not None)
+    dx_out = dx if dx is not None else torch.empty_like(x, memory_format=_CONTIGUOUS)
+    _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx_out, ws_F, dw_CW, db_C, dx_strided=dx_strided)
+    return dx_out, dw_CW, db_C
+
+
+# ------------------------------------------------------------------------- 4. entry points
 
 def is_cake_causal_conv1d_det_train_supported(device_or_tensor) -> bool:
     """True on the CPU (reference backend) and on NVIDIA GPUs of compute capability >= 8.0.
@@ -431,18 +549,7 @@ def cake_causal_conv1d_det_train_forward(x, weight, bias=None, cu_seqlens=None, 
     """
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         raise TypeError(f"workspace must be a torch.Tensor or None, got {type(workspace).__name__}")
-    if torch.compiler.is_compiling():
-        y = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
-        forward_into_op(x, weight, bias, cu_seqlens, backend, y, activation)
-        return y
-    plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
-    if out is not None:
-        checks.check_like("out", out, x.shape, x.dtype, x.device)
-        y = out
-    else:
-        y = torch.empty_like(x, memory_format=_CONTIGUOUS)
-    _forward(plan, x, weight, bias, cu_seqlens, y)
-    return y
+    return run_forward(x, weight, bias, cu_seqlens, backend, activation, out)[0]
 
 
 def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=None, *, dx=None,
@@ -469,60 +576,12 @@ def cake_causal_conv1d_det_train_backward(dy, x, weight, bias=None, cu_seqlens=N
     ``activation`` ("silu" or None) must be the forward's; the other arguments are the forward's
     (see ``cake_causal_conv1d_det_train_forward``).
     """
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
-        plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
-        launches = plan.backward_for(dy, x, dweight_dtype)  # checks dy
     if dweight_dtype not in _GRAD_DTYPES:
         raise TypeError(f"dweight_dtype must be torch.float32, bfloat16 or float16, got {dweight_dtype}")
-    dx_strided = False
-    if dx is not None and not compiling:
-        checks.check_like("dx", dx, x.shape, x.dtype, x.device)
-        if launches is not None and not dx.is_contiguous():  # rows of a wider tensor: written in place
-            S_dx = dx.numel() // dx.shape[-1] if dx.shape[-1] else 0
-            dx_stride = _row_stride(dx, S_dx, dx.shape[-1]) if S_dx else None
-            if dx_stride is not None:
-                launches = plan.backward_for(dy, x, dweight_dtype, dx_stride)
-                dx_strided = launches is not None
-    C = x.shape[-1]
-    S = x.numel() // C if C else 0
-    W = weight.shape[-1]
-    n_ws = plan.n_ws if not compiling else backward_workspace_floats(S, C, W)
-    if workspace is not None:
-        nbytes = cake_causal_conv1d_det_train_backward_workspace_bytes(S, C, width=W)
-        if not compiling:
-            _check_workspace(workspace, nbytes, x.device)
-        # bytes [0, 4 n_ws): the FP32 partials; then dweight at 4 n_ws and dbias at 4 n_ws + 4 W C (FP32-sized slots)
-        ws_U = workspace if workspace.dim() == 1 and workspace.dtype == torch.uint8 else workspace.view(-1).view(torch.uint8)
-        at, size = 4 * n_ws, dweight_dtype.itemsize
-        if dweight_dtype == torch.float32:  # one FP32 view; dw and db are strided views of it (fewer ops per call)
-            ws_F = ws_U[:at + 4 * (W + 1) * C].view(torch.float32)
-            o = ws_F.storage_offset() + n_ws
-            dw_CW = ws_F.as_strided((C, W), (W, 1), o)
-            db_C = ws_F.as_strided((C,), (1,), o + W * C) if bias is not None else None
-        else:
-            ws_F = ws_U[:at].view(torch.float32)
-            dw_CW = ws_U[at:at + W * C * size].view(dweight_dtype).view(C, W)
-            db_C = None
-            if bias is not None:
-                at_b = at + 4 * W * C
-                db_C = ws_U[at_b:at_b + C * size].view(dweight_dtype)
-    else:
-        ws_F = None
-        dw_CW = torch.empty_like(weight, dtype=dweight_dtype, memory_format=_CONTIGUOUS)
-        db_C = weight.new_empty(C, dtype=dweight_dtype) if bias is not None else None
-    dx_out = dx if dx is not None else torch.empty_like(x, memory_format=_CONTIGUOUS)
-    if compiling:
-        if ws_F is None:
-            ws_F = torch.empty(n_ws, dtype=torch.float32, device=x.device)
-        db = db_C if db_C is not None else dw_CW.new_empty((0,))
-        backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db, activation)
-    else:
-        _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx_out, ws_F, dw_CW, db_C, dx_strided=dx_strided)
-    return dx_out, dw_CW, db_C
+    return run_backward(dy, x, weight, bias, cu_seqlens, backend, activation, dweight_dtype, dx, workspace)
 
 
-# --------------------------------------------------------------------- 4. autograd Function
+# --------------------------------------------------------------------- 5. autograd Function
 
 class CakeCausalConv1dDetFunction(torch.autograd.Function):
     """Packed depthwise causal conv1d of W taps (2 <= W <= 8) + optional SiLU, deterministic backward.
@@ -550,20 +609,12 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
 
     ``apply(x, weight, bias, cu_seqlens, backend, activation="silu")``. Eager, the forward validates
     once and the backward reuses that validation (checking only dy); under torch.compile both call
-    the custom ops of rung 2 (module docstring), which validate when the graph runs.
+    the custom ops of rung 2 through rung 3 (module docstring), which validate when the graph runs.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, cu_seqlens, backend, activation="silu"):
-        if torch.compiler.is_compiling():
-            y = torch.empty_like(x, memory_format=torch.contiguous_format)
-            forward_into_op(x, weight, bias, cu_seqlens, backend, y, activation)
-            ctx.plan = None
-        else:
-            plan = plan_for(x, weight, bias, cu_seqlens, backend, activation)
-            y = torch.empty_like(x, memory_format=_CONTIGUOUS)
-            _forward(plan, x, weight, bias, cu_seqlens, y)
-            ctx.plan = plan
+        y, ctx.plan = run_forward(x, weight, bias, cu_seqlens, backend, activation)
         ctx.save_for_backward(x, weight, bias, cu_seqlens)
         ctx.backend = backend
         ctx.activation = activation
@@ -572,22 +623,8 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, cu_seqlens = ctx.saved_tensors
-        plan = ctx.plan
-        if plan is None or torch.compiler.is_compiling():
-            dx, dw, db = cake_causal_conv1d_det_train_backward(dy, x, weight, bias, cu_seqlens,
-                                                               dweight_dtype=_grad_dtype(weight, bias),
-                                                               activation=ctx.activation, backend=ctx.backend)
-        else:
-            gdt = plan.gdt
-            launches = plan.backward_for(dy, x, gdt)  # checks dy
-            dx = torch.empty_like(x, memory_format=_CONTIGUOUS)
-            C, W = plan.C, plan.W
-            if bias is not None:
-                dwb = weight.new_empty((W + 1) * C, dtype=gdt)
-                dw, db = dwb[:W * C].view(C, W), dwb[W * C:]
-            else:
-                dw, db = torch.empty_like(weight, dtype=gdt, memory_format=_CONTIGUOUS), None
-            _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx, None, dw, db)
+        gdt = _grad_dtype(weight, bias) if ctx.plan is None else ctx.plan.gdt
+        dx, dw, db = run_backward(dy, x, weight, bias, cu_seqlens, ctx.backend, ctx.activation, gdt, plan=ctx.plan)
         if dw.dtype != weight.dtype:
             dw = dw.to(weight.dtype)
         if db is not None and db.dtype != bias.dtype:
@@ -595,16 +632,7 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-# ------------------------------------------------------------------------ 5. the public op
-
-def _schema_types_ok(x, weight, bias, cu_seqlens, backend, activation) -> bool:
-    """True when the operands fit the custom ops' schema (tensors, None where optional, a str, and
-    a str or None for the activation)."""
-    return (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-            and (bias is None or isinstance(bias, torch.Tensor))
-            and (cu_seqlens is None or isinstance(cu_seqlens, torch.Tensor))
-            and isinstance(backend, str) and (activation is None or isinstance(activation, str)))
-
+# ------------------------------------------------------------------------ 6. the public op
 
 def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, activation="silu", backend="auto"):
     """Autograd-enabled packed depthwise causal conv1d of W taps (2 <= W <= 8) + SiLU (or no
@@ -638,12 +666,6 @@ def cake_causal_conv1d_det(x, weight, bias=None, *, cu_seqlens=None, activation=
             "silu" / None (the message names the offending value), before any kernel launch;
             under torch.compile when the compiled graph runs.
     """
-    if torch.compiler.is_compiling() and not _schema_types_ok(x, weight, bias, cu_seqlens, backend, activation):
-        # Not something the ops' schema takes: raise the validation error that names it.
-        checks.check_problem(x, weight, bias, cu_seqlens, backend, activation)
-        raise TypeError(f"cake_causal_conv1d_det got operands of types {type(x).__name__}, "
-                        f"{type(weight).__name__}, {type(bias).__name__}, {type(cu_seqlens).__name__}, "
-                        f"{type(backend).__name__}, {type(activation).__name__}")
     if torch.is_grad_enabled() and (getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False)
                                     or (bias is not None and getattr(bias, "requires_grad", False))):
         return CakeCausalConv1dDetFunction.apply(x, weight, bias, cu_seqlens, backend, activation)

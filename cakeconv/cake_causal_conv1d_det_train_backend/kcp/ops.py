@@ -41,7 +41,8 @@ The ladder, as for the single-rank op (conv.py):
    context and the handle travel as their ``op_id`` ints (a custom op cannot take a Python object);
 3. the entry points ``cake_causal_conv1d_det_(multi_)forward_kcp`` / ``..._backward_kcp``;
 4. the autograd Functions ``CakeCausalConv1dDetMultiFunctionKcp`` and its one-tensor form
-   ``CakeCausalConv1dDetFunctionKcp`` (eager: rung 1 directly, validated once; compiling: rung 2);
+   ``CakeCausalConv1dDetFunctionKcp``, through one eager/compile wrapper per custom op
+   (``_forward_call`` / ``_backward_call``: eager, rung 1 directly, validated once; traced, rung 2);
 5. the public ``cake_causal_conv1d_det_kcp`` / ``cake_causal_conv1d_det_multi_kcp``.
 
 The saved state is x, the taps, the biases and the received history rows [D, H, C_i]: the
@@ -505,9 +506,13 @@ def _check_operand_types(xs, weights, biases, kctx, handle, backend, activation)
                         f"biases {names(biases)}, backend {type(backend).__name__}")
 
 
+# ``_forward_call`` and ``_backward_call`` are the one eager/compile wrapper of each custom op, the
+# only code that asks whether torch.compile is tracing.
+
 def _forward_call(xs, weights, biases, kctx, backend, handle, key, activation):
-    """(ys, hists, resolved backend): eager, the checked program; compiling, the forward op (and
-    None for the backend: the backward op validates again when it runs)."""
+    """(ys, hists, eager): eager, the checked program, with ``eager`` = (the context, the resolved
+    backend) for the backward; traced by torch.compile, the forward op and ``eager`` None (the
+    backward op validates again when it runs)."""
     if torch.compiler.is_compiling():
         _check_operand_types(xs, weights, biases, kctx, handle, backend, activation)
         placed = [w.new_empty((0,), dtype=torch.float32) if b is None else b for b, w in zip(biases, weights)]
@@ -516,7 +521,32 @@ def _forward_call(xs, weights, biases, kctx, backend, handle, key, activation):
         return out[:len(xs)], out[len(xs):], None
     if handle is not None and not isinstance(handle, RecomputeHandleDetKcp):
         raise TypeError(f"recompute_handle must be a RecomputeHandleDetKcp or None, got {type(handle).__name__}")
-    return _forward_checked(xs, weights, biases, kctx, backend, handle, key, activation)
+    ys, hists, resolved = _forward_checked(xs, weights, biases, kctx, backend, handle, key, activation)
+    return ys, hists, (kctx, resolved)
+
+
+def _backward_call(fctx, dys):
+    """(dxs, dweights, dbiases) of a saved KCP call (dbias None where the bias is missing): eager
+    after an eager forward, the backward program on the forward's validation (only dy is new);
+    traced by torch.compile, or after a traced forward, the backward op."""
+    n = fctx.n
+    saved = fctx.saved_tensors
+    xs, weights, biases, hists = saved[:n], saved[n:2 * n], saved[2 * n:3 * n], saved[3 * n:]
+    dys = [torch.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
+    if torch.compiler.is_compiling() or fctx.eager is None:
+        placed = [w.new_empty((0,), dtype=torch.float32) if b is None else b for b, w in zip(biases, weights)]
+        out = backward_op(dys, list(xs), list(weights), placed, fctx.has_bias, list(hists), fctx.context_id,
+                          fctx.backend, fctx.activation)
+        dbs = [db if hb else None for db, hb in zip(out[2 * n:], fctx.has_bias)]
+        return list(out[:n]), list(out[n:2 * n]), dbs
+    kctx, resolved = fctx.eager
+    S = kctx.plan.num_local_tokens
+    dy_rows = _check_dys(dys, xs, S)
+    x_rows = [rows_view(x, S, x.shape[-1]) for x in xs]
+    ws = [w if w.is_contiguous() else w.contiguous() for w in weights]
+    bs = [b if b is None or b.is_contiguous() else b.contiguous() for b in biases]
+    plan = kctx.plan_for_width(ws[0].shape[1])
+    return _backward_program(dy_rows, list(xs), x_rows, ws, bs, list(hists), kctx, plan, resolved, fctx.activation)
 
 
 # ------------------------------------------------------------------------- 3. entry points
@@ -595,40 +625,17 @@ def cake_causal_conv1d_det_backward_kcp(dy, x_local, weight, ctx, bias=None, *, 
 
 # ----------------------------------------------------------------- 4. autograd Functions
 
-def _save(fctx, xs, weights, biases, hists, kctx, backend, resolved, activation):
+def _save(fctx, xs, weights, biases, hists, kctx, backend, eager, activation):
+    """What the backward needs: the operands, the history rows, and ``eager`` (``_forward_call``'s:
+    the context itself and the validated backend after an eager forward; a traced graph holds only
+    the context's id)."""
     fctx.n = len(xs)
     fctx.backend = backend
     fctx.activation = activation
-    fctx.resolved = resolved  # eager: the forward's validated backend (the backward checks dy only)
+    fctx.eager = eager
     fctx.has_bias = [b is not None for b in biases]
     fctx.context_id = kctx.op_id
-    # Eager, the node holds the context until the backward; a compiled graph holds only its id.
-    fctx.kcp_context = None if torch.compiler.is_compiling() else kctx
     fctx.save_for_backward(*xs, *weights, *biases, *hists)
-
-
-def _gradients(fctx, dys):
-    """(dxs, dweights, dbiases) of a saved KCP call; dbias None where the bias is missing."""
-    n = fctx.n
-    saved = fctx.saved_tensors
-    xs, weights, biases, hists = saved[:n], saved[n:2 * n], saved[2 * n:3 * n], saved[3 * n:]
-    dys = [torch.zeros_like(x) if dy is None else dy for dy, x in zip(dys, xs)]
-    if torch.compiler.is_compiling() or fctx.kcp_context is None or fctx.resolved is None:
-        placed = [w.new_empty((0,), dtype=torch.float32) if b is None else b for b, w in zip(biases, weights)]
-        out = backward_op(dys, list(xs), list(weights), placed, fctx.has_bias, list(hists), fctx.context_id,
-                          fctx.backend, fctx.activation)
-        dbs = [db if hb else None for db, hb in zip(out[2 * n:], fctx.has_bias)]
-        return list(out[:n]), list(out[n:2 * n]), dbs
-    # eager: the forward validated xs, the taps, the activation and the context; only dy is new
-    kctx = fctx.kcp_context
-    S = kctx.plan.num_local_tokens
-    dy_rows = _check_dys(dys, xs, S)
-    x_rows = [rows_view(x, S, x.shape[-1]) for x in xs]
-    ws = [w if w.is_contiguous() else w.contiguous() for w in weights]
-    bs = [b if b is None or b.is_contiguous() else b.contiguous() for b in biases]
-    plan = kctx.plan_for_width(ws[0].shape[1])
-    return _backward_program(dy_rows, list(xs), x_rows, ws, bs, list(hists), kctx, plan, fctx.resolved,
-                             fctx.activation)
 
 
 class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
@@ -663,13 +670,13 @@ class CakeCausalConv1dDetMultiFunctionKcp(torch.autograd.Function):
                              f"after n, got {len(args)} arguments")
         activation = args[3 * n] if len(args) == 3 * n + 1 else "silu"
         xs, weights, biases = list(args[:n]), list(args[n:2 * n]), list(args[2 * n:3 * n])
-        ys, hists, resolved = _forward_call(xs, weights, biases, kctx, backend, handle, KEY_MULTI, activation)
-        _save(ctx, xs, weights, biases, hists, kctx, backend, resolved, activation)
+        ys, hists, eager = _forward_call(xs, weights, biases, kctx, backend, handle, KEY_MULTI, activation)
+        _save(ctx, xs, weights, biases, hists, kctx, backend, eager, activation)
         return tuple(ys)
 
     @staticmethod
     def backward(ctx, *dys):
-        dxs, dws, dbs = _gradients(ctx, dys)
+        dxs, dws, dbs = _backward_call(ctx, dys)
         extra = (None,) * (len(ctx.needs_input_grad) - 4 - 3 * ctx.n)  # the activation, when given
         return (None, None, None, None, *dxs, *dws, *dbs, *extra)
 
@@ -685,14 +692,13 @@ class CakeCausalConv1dDetFunctionKcp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_local, weight, bias, kctx, backend, handle, activation="silu"):
-        ys, hists, resolved = _forward_call([x_local], [weight], [bias], kctx, backend, handle, KEY_SINGLE,
-                                            activation)
-        _save(ctx, [x_local], [weight], [bias], hists, kctx, backend, resolved, activation)
+        ys, hists, eager = _forward_call([x_local], [weight], [bias], kctx, backend, handle, KEY_SINGLE, activation)
+        _save(ctx, [x_local], [weight], [bias], hists, kctx, backend, eager, activation)
         return ys[0]
 
     @staticmethod
     def backward(ctx, dy):
-        dxs, dws, dbs = _gradients(ctx, (dy,))
+        dxs, dws, dbs = _backward_call(ctx, (dy,))
         return (dxs[0], dws[0], dbs[0], None, None, None) + (None,) * (len(ctx.needs_input_grad) - 6)
 
 
