@@ -1,22 +1,21 @@
-"""The timing protocol both benchmarks (and the kernel tools) share; benchmarks/README.md has the long form.
+"""The timing protocol the benchmarks (and the kernel tools) share; benchmarks/README.md has the long form.
 
 * Copy bandwidth: ``dst.copy_(src)`` of a large bf16 tensor, bytes read plus bytes written, the median of
-  several calls. It is the ceiling every time is rated against (SPEC section 7).
-* Cold L2: before each timed call and outside its span, a read of a 256 MiB buffer evicts the L2. It is a
-  read, so the eviction leaves no dirty lines for the timed call to write back.
-* Host queued ahead: before each timed call ``torch.cuda._sleep`` holds the GPU, so that the host enqueues
-  the whole call before the GPU reaches it (the host's launch time is hidden, as in a pipelined training
-  step). The ``auto`` window is ``HOST_AHEAD_FACTOR`` x the host time to enqueue the call, at least
-  ``HOST_AHEAD_MIN_US``.
-* Eager loop: no sleep; wall time between two synchronisations. A chain step sets every gradient to None,
-  runs ``chain`` calls ``y = call(y, i)`` starting from x and one ``backward(dy)``; a one-call step runs one
-  call and its backward; the no-grad item runs forward calls under ``torch.no_grad()``. The subjects are
-  sampled round by round, in an order that rotates every round, so none always follows the same neighbour.
+  several calls: the ceiling every time is rated against (SPEC section 7).
+* Cold L2: before each timed call, outside its span, a read of a 256 MiB buffer evicts the L2 (a read leaves
+  no dirty lines for the timed call to write back).
+* Host queued ahead: before each timed call ``torch.cuda._sleep`` holds the GPU so that the host enqueues the
+  whole call before the GPU reaches it. The ``auto`` window is ``HOST_AHEAD_FACTOR`` x the host time to
+  enqueue the call, at least ``HOST_AHEAD_MIN_US``, at most ``HOST_AHEAD_MAX_US``.
+* Eager loop: no sleep; wall time between two synchronisations (forms: ``eager_forms``). Subjects are sampled
+  round by round in an order that rotates every round, so none always follows the same neighbour.
 
 On the CPU (``--dry-run``) the marks are ``time.perf_counter`` readings and nothing sleeps or evicts.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import math
 import statistics
@@ -26,47 +25,36 @@ SLEEP_CYCLES_PER_US = 2000  # torch.cuda._sleep counts SM cycles: ~2 GHz under l
 L2_EVICT_BYTES = 256 * 2**20
 HOST_AHEAD_MIN_US = 1000.0
 HOST_AHEAD_FACTOR = 3.0
+HOST_AHEAD_MAX_US = 200000.0
 
 
 class DeviceClock:
-    """Marks around calls (CUDA events on a GPU, perf_counter on the CPU), the L2 eviction by reading and
-    the host-ahead sleep."""
+    """Marks around calls (CUDA events on a GPU, perf_counter on the CPU), the L2 eviction and the host-ahead
+    sleep."""
 
     def __init__(self, torch, device, flush: bool):
-        self.torch = torch
-        self.device = device
-        self.cuda = device.type == "cuda"
+        self.torch, self.device, self.cuda = torch, device, device.type == "cuda"
         self.can_sleep = self.cuda and hasattr(torch.cuda, "_sleep")
         self.flush_buf = None
         if self.cuda and flush:
             self.flush_buf = torch.empty(L2_EVICT_BYTES // 4, dtype=torch.float32, device=device).normal_()
 
-    def hold_gpu(self, us: float) -> None:
-        """Queue a sleep of ``us`` microseconds on the GPU (nothing on the CPU or for us <= 0)."""
-        if self.can_sleep and us > 0:
-            self.torch.cuda._sleep(int(us * SLEEP_CYCLES_PER_US))
-
-    def evict_l2(self) -> None:
-        """Queue the read of the eviction buffer (nothing without one)."""
+    def before_call(self, ahead_us: float) -> None:
+        """Queue what precedes a timed call, outside its span: the sleep of ahead_us (if > 0), the L2 eviction."""
+        if self.can_sleep and ahead_us > 0:
+            self.torch.cuda._sleep(int(ahead_us * SLEEP_CYCLES_PER_US))
         if self.flush_buf is not None:
             self.flush_buf.sum()
 
-    def before_call(self, ahead_us: float) -> None:
-        """What precedes a timed call, outside its span: the host-ahead sleep, then the L2 eviction."""
-        self.hold_gpu(ahead_us)
-        self.evict_l2()
-
     def mark(self):
-        if self.cuda:
-            event = self.torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        if not self.cuda:
+            return time.perf_counter()
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     def elapsed_ms(self, a, b) -> float:
-        if self.cuda:
-            return a.elapsed_time(b)
-        return (b - a) * 1e3
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
     def sync(self) -> None:
         if self.cuda:
@@ -74,15 +62,12 @@ class DeviceClock:
 
 
 def time_call(clock: DeviceClock, fn, ahead_us: float):
-    """Run fn() once between two marks, after the sleep and the eviction. Returns a handle for ``resolve``
-    (the device time is known only once the device has reached the second mark)."""
+    """Run fn() once between two marks, after the sleep and the eviction: a handle for ``resolve``."""
     clock.before_call(ahead_us)
-    m0 = clock.mark()
-    t0 = time.perf_counter()
+    m0, t0 = clock.mark(), time.perf_counter()
     fn()
     host_ms = (time.perf_counter() - t0) * 1e3
-    m1 = clock.mark()
-    return m0, m1, host_ms
+    return m0, clock.mark(), host_ms
 
 
 def resolve(clock: DeviceClock, handle) -> tuple[float, float]:
@@ -102,7 +87,6 @@ def copy_bandwidth(torch, clock: DeviceClock, nbytes: int, reps: int, ahead_us: 
     handles = [time_call(clock, lambda: dst.copy_(src), ahead_us) for _ in range(reps)]
     clock.sync()
     gbs = [2 * n * 2 / (resolve(clock, h)[0] * 1e-3) / 1e9 for h in handles]
-    del src, dst
     return statistics.median(gbs), gbs
 
 
@@ -117,16 +101,59 @@ def rotation(items: list, round_index: int) -> list:
     return items[k:] + items[:k]
 
 
-def eager_forms(torch, call, x, dy, params, chain: int, calls: int, modes) -> dict:
-    """{form: (fn, calls per sample)} of the eager-loop protocol for one op.
+@dataclass
+class GpuRounds:
+    """The rounds of one shape and bias: device ms and host ms per timed call, the window per (provider, pass)."""
 
-    call(y, i) runs the i-th call of a chain on y; x and dy are a tensor or a list of tensors (the multi
-    form), x requiring grad; params are the leaves whose ``.grad`` each step sets to None (x, the taps,
-    the biases: ``zero_grad(set_to_none=True)``). Forms (``modes``):
-    ``chain``: one step = zero grads, ``chain`` calls from x, one backward(dy);
-    ``step``: ``calls`` steps of zero grads, call(x, 0) and its backward;
-    ``nograd``: ``calls`` forward calls call(x, 0) under torch.no_grad().
-    """
+    times: dict = field(default_factory=dict)
+    host_times: dict = field(default_factory=dict)
+    window_us: dict = field(default_factory=dict)
+    failed: set = field(default_factory=set)
+    counter: int = 0  # calls made so far over the run (the input set of a call: counter % number of sets)
+
+
+def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, base_ahead_us: float,
+             ahead_auto: bool, on_error) -> GpuRounds:
+    """The rounds of ``calls`` [(provider, pass, fn(i): one call on input set i)]; a provider whose call raises
+    is reported (on_error(name, pass, exc)) and left out of the rest."""
+    keys = [(p.name, p_) for p, p_, _ in calls]
+    out = GpuRounds(times={k: [] for k in keys}, host_times={k: [] for k in keys},
+                    window_us={k: base_ahead_us for k in keys}, counter=counter)
+    warm_host = {k: [] for k in keys}
+    for r in range(warmup + reps if calls else 0):
+        handles = []
+        for p, p_, fn in rotation(calls, r):
+            if p.name in out.failed:
+                continue
+            i = out.counter % n_sets
+            out.counter += 1
+            try:
+                h = time_call(clock, lambda: fn(i), out.window_us[(p.name, p_)])
+            except Exception as exc:  # noqa: BLE001 - a provider that fails is reported and dropped
+                on_error(p.name, p_, exc)
+                out.failed.add(p.name)
+                continue
+            handles.append(((p.name, p_), h))
+        clock.sync()
+        for key, h in handles:
+            ms, host_ms = resolve(clock, h)
+            if r >= warmup:
+                out.times[key].append(ms)
+                out.host_times[key].append(host_ms)
+            elif r >= 1 or warmup == 1:  # the first round compiles and autotunes
+                warm_host[key].append(host_ms)
+        if ahead_auto and r == warmup - 1:  # the window per (provider, pass), from its warm-up host times
+            for key, hs in warm_host.items():
+                if hs:
+                    out.window_us[key] = auto_ahead_us(max(hs), base_ahead_us, HOST_AHEAD_MAX_US)
+    return out
+
+
+def eager_forms(torch, call, x, dy, params, chain: int, calls: int, modes) -> dict:
+    """{form: (fn, calls per sample)} of the eager loop for one op, forms among ``modes``. call(y, i) runs the
+    i-th call of a chain; x (requiring grad) and dy are tensors or lists of them; each step sets the .grad of
+    ``params`` to None. chain: ``chain`` calls from x, one backward(dy); step: ``calls`` times one call(x, 0)
+    and its backward; nograd: ``calls`` forward calls call(x, 0) under no_grad."""
 
     def zero_grad():
         for t in params:
@@ -154,16 +181,11 @@ def eager_forms(torch, call, x, dy, params, chain: int, calls: int, modes) -> di
 
 
 def wall_samples(subjects: dict, rounds: int, warmup: int, before, after, on_error=None) -> dict:
-    """Wall-clock samples of several subjects, interleaved round by round (the order rotates).
-
-    subjects: {key: (fn, calls)}; one sample = before(), fn(), after(), recorded as ms per call (the
-    sample's wall time / calls). The first ``warmup`` rounds are dropped. A subject that raises is dropped
-    when ``on_error`` is given (on_error(key, exc) is called); without it the exception propagates.
-    Returns {key: [ms per call, one per timed sample]}.
-    """
+    """{key: [ms per call]} of subjects {key: (fn, calls)} sampled round by round (rotating order): one sample
+    = before(), fn(), after(), timed. The first ``warmup`` rounds are dropped. A subject that raises is dropped
+    with on_error(key, exc) when on_error is given, else the exception propagates."""
     keys = list(subjects)
-    out = {k: [] for k in keys}
-    dead = set()
+    out, dead = {k: [] for k in keys}, set()
     for r in range(warmup + rounds):
         for key in rotation(keys, r):
             if key in dead:

@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-# Tier 4 under pytest-xdist on a machine of several GPUs (benchmarks/device_run.sh gputests sets
+# Tier 4 under pytest-xdist on a machine of several GPUs (benchmarks/device_run.sh tests sets
 # CAKECONV_TEST_GPUS): worker gwK sees only GPU K mod n. Six workers on one GPU of two ran it out of
 # memory. Set before anything initialises CUDA (importing torch does not).
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")

@@ -1,9 +1,6 @@
 """Helpers shared by the test modules (inputs, tolerances, error measures)."""
 
-import contextlib
-import importlib
 import os
-import sys
 
 import pytest
 import torch
@@ -204,15 +201,3 @@ def check_rounded_once(got, oracle64, err64, dtype, what, min_decided=0.85):
     far = narrow & ((og - orr).abs() > 1)
     assert not bool(far.any()), f"{what}: {int(far.sum())} elements more than 1 ulp from the once-rounded oracle"
     return frac
-
-
-@contextlib.contextmanager
-def benchmark_module(name: str):
-    """A script of benchmarks/, imported with that folder on sys.path while the block runs (the
-    scripts import their sibling modules by name)."""
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    sys.path.insert(0, folder)
-    try:
-        yield importlib.import_module(name)
-    finally:
-        sys.path.remove(folder)

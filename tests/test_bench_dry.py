@@ -1,8 +1,8 @@
-"""The single-rank benchmark's --dry-run (CPU, reference backend) and plot_results.py on its files.
+"""The op benchmark's --dry-run (CPU, reference backend) and its --replot on the files it writes.
 
 A run writes its rows twice: as it goes (``.partial.jsonl``: an env line, then one row per
 measurement, so a run cut short by a time limit keeps them) and at the end (JSON lines, CSV, table).
-plot_results.py must rebuild, from the partial file alone, the same rows (same medians, same floor
+--replot must rebuild, from the partial file alone, the same rows (same medians, same floor
 bytes) as the finished run, rated against the start copy reading. The run covers every timing
 method (GPU time, the eager loop and the host cost beside the trivial Function and silu) and two
 document mixes, on small shapes so that it stays fast. A second run, named (``--name``), writes its
@@ -21,15 +21,15 @@ import subprocess
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(REPO_ROOT, "benchmarks", "bench_cake_causal_conv1d_det.py")
-PLOT = os.path.join(REPO_ROOT, "benchmarks", "plot_results.py")
-STEM = "bench_cake_causal_conv1d_det"
+BENCH = ["-m", "benchmarks.op"]  # run from the repository root
+STEM = "op"
 
 
-def _run(args, cwd):
+def _run(args):
     env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                BENCH_COMMIT="commit-of-the-test")  # the commit when the tree has no .git
-    out = subprocess.run([sys.executable] + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, *BENCH, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out.stdout
 
@@ -42,8 +42,8 @@ def _csv_rows(path):
 
 def test_dry_run_partial_file_rebuilds_the_finished_rows(tmp_path):
     run_dir, re_dir = tmp_path / "run", tmp_path / "replot"
-    table = _run([BENCH, "--dry-run", "--no-plot", "--rows", "1531x16,2053x32", "--doc-mix", "seed,uniform:1-8",
-                  "--bias", "no", "--eager", "--host-cost", "--reps", "2", "--out", str(run_dir)], tmp_path)
+    table = _run(["--dry-run", "--no-plot", "--rows", "1531x16,2053x32", "--doc-mix", "seed,uniform:1-8",
+                  "--bias", "no", "--eager", "--host-cost", "--reps", "2", "--out", str(run_dir)])
     assert "fwd+bwd" in table and "== eager loop" in table and "== host cost" in table and "== document mixes" in table
     with open(run_dir / f"{STEM}.partial.jsonl") as f:
         lines = [json.loads(line) for line in f]
@@ -64,7 +64,7 @@ def test_dry_run_partial_file_rebuilds_the_finished_rows(tmp_path):
             assert float(row["ratio_to_trivial"]) > 0
         if key[0] == "eager":
             assert float(row["eager_vs_gpu"]) > 0
-    re_table = _run([PLOT, str(run_dir / f"{STEM}.partial.jsonl"), "--out", str(re_dir)], tmp_path)
+    re_table = _run(["--replot", str(run_dir / f"{STEM}.partial.jsonl"), "--out", str(re_dir)])
     assert "run cut short" in re_table
     rebuilt = _csv_rows(re_dir / f"{STEM}.csv")
     assert rebuilt.keys() == final.keys()
@@ -77,9 +77,9 @@ def test_dry_run_partial_file_rebuilds_the_finished_rows(tmp_path):
 
 def test_named_run_writes_its_stem_and_records_the_run(tmp_path):
     out = tmp_path / "named"
-    table = _run([BENCH, "--dry-run", "--rows", "1531x16,1531x32", "--doc-mix", "seed,uniform:1-8", "--bias", "no",
+    table = _run(["--dry-run", "--rows", "1531x16,1531x32", "--doc-mix", "seed,uniform:1-8", "--bias", "no",
                   "--passes", "fwd,fwdbwd", "--eager", "--eager-c", "16", "--eager-mix", "seed", "--reps", "2",
-                  "--name", "cpu_summary", "--out", str(out)], tmp_path)
+                  "--name", "cpu_summary", "--out", str(out)])
     names = {p.name for p in out.iterdir()}
     assert {"cpu_summary.jsonl", "cpu_summary.csv", "cpu_summary_table.txt", "cpu_summary.partial.jsonl"} <= names
     assert all(n.startswith("cpu_summary") for n in names), names
@@ -106,9 +106,9 @@ def test_named_run_writes_its_stem_and_records_the_run(tmp_path):
 
 def test_widths_and_activations_each_get_rows(tmp_path):
     out = tmp_path / "widths"
-    table = _run([BENCH, "--dry-run", "--no-plot", "--rows", "1531x16", "--bias", "no", "--passes", "fwdbwd",
+    table = _run(["--dry-run", "--no-plot", "--rows", "1531x16", "--bias", "no", "--passes", "fwdbwd",
                   "--width", "3,8", "--activation", "none,silu", "--reps", "1", "--name", "cpu_widths",
-                  "--out", str(out)], tmp_path)
+                  "--out", str(out)])
     for heading in ("W = 3, no activation", "W = 3, SiLU", "W = 8, no activation", "W = 8, SiLU"):
         assert f"== GPU time, seed (9 documents), {heading}, no bias ==" in table, heading
     assert "== widths and activations" in table and "all ok" in table

@@ -1,4 +1,4 @@
-"""benchmarks/bench_first_step.py on the CPU: its dry run, and the rows of processes cut short.
+"""benchmarks/first_step.py on the CPU: its dry run, and the rows of processes cut short.
 
 The dry run starts the ``cakeconv`` row's two processes (cold cache, then warm cache; the reference
 backend, S = 2,048) and skips the other rows with the reason. Every planned row must come back, in
@@ -14,10 +14,9 @@ import sys
 
 import pytest
 
-from tests.helpers import benchmark_module
+import benchmarks.first_step as bench_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, "benchmarks", "bench_first_step.py")
 PLANNED = ["cakeconv", "cakeconv_after_warmup", "fla", "dao", "dao_det"]
 MEASURES = ["import_s", "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms",
             "steady_max_ms", "warm_cache_import_s", "warm_cache_first_call_s", "warm_cache_first_step_s"]
@@ -29,19 +28,18 @@ RUN_FIELDS = ["gpu", "torch", "triton", "date", "commit", "version"]
 
 @pytest.fixture(scope="module")
 def bench():
-    with benchmark_module("bench_first_step") as module:
-        yield module
+    return bench_module
 
 
 def run(tmp_path, *options, timeout=120):
-    """The script with ``options`` into tmp_path/out, its temporary folders under tmp_path/tmp."""
+    """The benchmark with ``options`` into tmp_path/out, its temporary folders under tmp_path/tmp."""
     (tmp_path / "tmp").mkdir()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), BENCH_COMMIT="test",
                TMPDIR=str(tmp_path / "tmp"))
-    proc = subprocess.run([sys.executable, SCRIPT, *options, "--out", str(tmp_path / "out")], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.first_step", *options, "--out", str(tmp_path / "out")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc, json.loads((tmp_path / "out" / "bench_first_step.json").read_text())
+    return proc, json.loads((tmp_path / "out" / "first_step.json").read_text())
 
 
 def test_dry_run_rows(tmp_path, bench):
@@ -73,7 +71,7 @@ def test_dry_run_rows(tmp_path, bench):
     for name, line in zip(PLANNED, table[2:-1]):
         assert line.startswith(name)
     assert "skipped: dry run" in table[3]
-    assert (tmp_path / "out" / "bench_first_step_table.txt").read_text().splitlines() == table[:-1]
+    assert (tmp_path / "out" / "first_step_table.txt").read_text().splitlines() == table[:-1]
     assert not list((tmp_path / "tmp").iterdir()), "a row's Triton cache folder was left behind"
     assert "cold-cache process" in proc.stderr and "warm-cache process" in proc.stderr
 
@@ -97,3 +95,11 @@ def test_command_line_errors(bench):
             bench.parse_args(bad)
     args = bench.parse_args(["--libraries", "dao,cakeconv"])
     assert args.libraries == ["dao", "cakeconv"] and args.tokens == 32768 and args.steady_calls == 20
+
+
+def test_help_names_every_option_and_its_default(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert all(f"--{name} " in text for name, _, _ in bench.OPTIONS) and "--dry-run" in text
+    assert text.count("(default:") == len(bench.OPTIONS)

@@ -1,4 +1,4 @@
-"""benchmarks/bench_model_step.py on the CPU: its dry run, and the pieces the GPU run relies on.
+"""benchmarks/model_step.py on the CPU: its dry run, and the pieces the GPU run relies on.
 
 The dry run starts one process per part (kda, mamba default, mamba deterministic); the cakeconv
 variants of the conv workloads run on the reference backend, every other variant is skipped with its
@@ -16,7 +16,7 @@ import tarfile
 import pytest
 import torch
 
-from tests.helpers import benchmark_module
+import benchmarks.model_step as bench_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAMBA_TARBALL = os.path.join(os.path.dirname(REPO), "shared", "peers", "mamba_ssm-2.3.2.post1.tar.gz")
@@ -26,16 +26,15 @@ ROW_FIELDS = {"part", "mode", "workload", "mix", "variant", "runs", "tokens", "n
 
 @pytest.fixture(scope="module")
 def bench():
-    with benchmark_module("bench_model_step") as module:
-        yield module
+    return bench_module
 
 
 def run_dry(out, *extra):
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), BENCH_COMMIT="test")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_model_step.py"), "--dry-run",
-                           "--out", str(out), *extra], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.model_step", "--dry-run", "--out", str(out), *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc, json.loads((out / "bench_model_step.json").read_text())
+    return proc, json.loads((out / "model_step.json").read_text())
 
 
 def test_dry_run_rows(tmp_path, bench):
@@ -62,7 +61,7 @@ def test_dry_run_rows(tmp_path, bench):
     assert all(r["swapped"] == 3 for r in timed if r["workload"] == "kda_conv")
     table = proc.stdout.strip().splitlines()
     assert table[1].startswith("workload") and "median ms" in table[1] and table[-1].startswith("# wrote")
-    assert (tmp_path / "bench_model_step_table.txt").read_text().startswith(table[0])
+    assert (tmp_path / "model_step_table.txt").read_text().startswith(table[0])
     assert not list(tmp_path.glob("*.part.json"))
 
 
@@ -120,4 +119,11 @@ def test_noconv_pair_and_call_counter(bench):
         Module.causal_conv1d_bwd_function(x, w, b, dout, None, None, None, dx, False, True)
     assert Module.causal_conv1d_fwd_function is None
     assert counter.info() == {"conv_calls_per_step": {"fwd": 1.0, "bwd": 1.0}}
-    assert bench.swapped_count(3) == 3 and bench.swapped_count(type("R", (), {"swapped": 2})()) == 2
+
+
+def test_help_names_every_option_and_its_default(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert all(f"--{name} " in text for name, _, _ in bench.OPTIONS) and "--mamba-src" in text and "--dry-run" in text
+    assert text.count("(default:") == len(bench.OPTIONS) + 1  # and --mamba-src's

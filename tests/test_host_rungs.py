@@ -1,4 +1,4 @@
-"""benchmarks/tools/host_rungs.py (the host time per call, rung by rung; here on the CPU) runs and reports
+"""tools/host_rungs.py (the host time per call, rung by rung; here on the CPU) runs and reports
 every rung: a smoke test with a few steps (the tool sets TRITON_INTERPRET=1 itself, so it runs in a
 process of its own)."""
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(REPO_ROOT, "benchmarks", "tools", "host_rungs.py")
+TOOL = os.path.join(REPO_ROOT, "tools", "host_rungs.py")
 
 
 def test_every_rung_is_timed_against_the_trivial_function(tmp_path):

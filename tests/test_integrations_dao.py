@@ -567,7 +567,7 @@ def test_gpu_beside_dao_causal_conv1d(W, activation):
         pytest.skip("causal-conv1d is not installed")
     B, D, T = 2, 512, 2048
     # bf16 x, FP32 taps: what mixed-precision training passes (and the pair the benchmarks' trimmed
-    # build of causal-conv1d keeps, benchmarks/tools/build_dao.sh)
+    # build of causal-conv1d keeps, tools/build_dao.sh)
     x, w, b, dy = make_args(B, D, T, W, dtype=torch.bfloat16, wdtype=torch.float32, device=DEVICE_GPU)
     seq_idx = runs_seq_idx(B, T, torch.Generator().manual_seed(3), max_run=300).to(DEVICE_GPU)
     y = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation=activation)

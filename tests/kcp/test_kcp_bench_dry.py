@@ -1,8 +1,8 @@
 """The KCP benchmark's --dry-run on 2 CPU ranks over gloo (tier 3): what CI runs of the KCP benchmark.
 
-benchmarks/bench_cake_causal_conv1d_det_kcp.py is launched with torchrun on the GPU machine; here its
-``run(argv)`` is called inside the ranks of the test harness (tests/kcp/_dist.py), which have already
-initialised gloo, so the benchmark must use that process group instead of initialising its own.
+``torchrun ... -m benchmarks.kcp`` runs on the GPU machine; here ``benchmarks.kcp.run(argv)`` is called
+inside the ranks of the test harness (tests/kcp/_dist.py), which have already initialised gloo, so the
+benchmark must use that process group instead of initialising its own.
 Checked on every rank: each (layout, form) row reports bitwise equality of the KCP y and dx with the
 single-rank op; rank 0 wrote the JSON-lines file with 3 layouts x 2 forms timing rows, each with its
 GPU-time, eager-loop and host-cost figures (KCP and local op). A second run
@@ -12,7 +12,6 @@ breaks the KCP op's y on rank 1 only and checks that every rank reports that fai
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -20,17 +19,8 @@ import pytest
 
 from ._dist import run_on_ranks
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCH_PATH = os.path.join(REPO_ROOT, "benchmarks", "bench_cake_causal_conv1d_det_kcp.py")
 LAYOUTS = ("contiguous", "zigzag", "zigzag_per_document")
 FORMS = ("single", "multi")
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_cake_causal_conv1d_det_kcp", BENCH_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _read_jsonl(path):
@@ -40,13 +30,15 @@ def _read_jsonl(path):
 
 def _dry_run_on_rank(rank, world, out_dir):
     """Run the dry run; every rank checks its rows, rank 0 also the file. Returns picklable data."""
-    rows = _load_bench().run(["--dry-run", "--out", out_dir])
+    from benchmarks import kcp
+
+    rows = kcp.run(["--dry-run", "--out", out_dir])
     summary = sorted((r["layout"], r["form"], r["P"], r["bitwise"]) for r in rows)
     assert summary == sorted((layout, form, world, True) for layout in LAYOUTS for form in FORMS), \
         f"rank {rank}: rows {summary}"
     written = None
     if rank == 0:
-        lines = _read_jsonl(os.path.join(out_dir, f"bench_cake_causal_conv1d_det_kcp_p{world}.jsonl"))
+        lines = _read_jsonl(os.path.join(out_dir, f"kcp_p{world}.jsonl"))
         assert lines[0]["kind"] == "env" and lines[0]["gpu"] == "cpu", lines[0]
         env = lines[0]
         assert env["date"] and env["torch"] and "commit" in env and "triton" in env, env
@@ -69,13 +61,14 @@ def _dry_run_on_rank(rank, world, out_dir):
             assert r["T"] == sum(r["doc_lengths"]) and r["S_local"] * world == r["T"], r
             for n in r["doc_lengths"] if r["layout"] == "zigzag_per_document" else [r["T"]]:
                 assert n % (2 * world) == 0, r
-        assert os.path.exists(os.path.join(out_dir, f"bench_cake_causal_conv1d_det_kcp_p{world}.csv"))
+        assert os.path.exists(os.path.join(out_dir, f"kcp_p{world}.csv"))
     return summary, written
 
 
 def _broken_on_rank(rank, world, out_dir):
     """The same dry run with the single-tensor KCP op's y shifted on rank 1: every rank must see it."""
     import cakeconv
+    from benchmarks import kcp
 
     good = cakeconv.cake_causal_conv1d_det_kcp
 
@@ -85,7 +78,7 @@ def _broken_on_rank(rank, world, out_dir):
 
     cakeconv.cake_causal_conv1d_det_kcp = shifted
     try:
-        rows = _load_bench().run(["--dry-run", "--layouts", "zigzag", "--eager-steps", "0", "--host-steps", "0",
+        rows = kcp.run(["--dry-run", "--layouts", "zigzag", "--eager-steps", "0", "--host-steps", "0",
                                   "--out", out_dir, "--name", "kcp_named"])
     finally:
         cakeconv.cake_causal_conv1d_det_kcp = good

@@ -7,7 +7,7 @@ S packed tokens, C channels, N segments (documents, or document pieces under KCP
 Windows of rows are Triton tuples of [R, BC] tiles, built and indexed with compile-time indices:
 ``win[k]`` is the x row t - H + k of rows t (k = 0..W-1; ``win[H]`` is row t itself), ``ws[k]``
 the tap that multiplies it. For W = 4 every helper traces to the same operations, in the same
-order, as the width-4 code it generalizes (benchmarks/tools/ptx_fingerprint.py compares the PTX).
+order, as the width-4 code it generalizes (tools/ptx_fingerprint.py compares the PTX).
 
 A program's rows are R sub-runs of consecutive tokens; each register tile is [R, BC] and holds one
 row of every sub-run. Segment boundaries come from ``cu`` (``HAS_CU``) or, for [B, T, C] input,

@@ -3,11 +3,11 @@
 For each C: the device time of every kernel the call launches (median over repeats), their sum,
 and the call's wall time between CUDA events (the difference is launch gaps), and the main
 kernel's time against the pass's byte floor at the copy bandwidth measured in the same run. Uses
-the tuner's picks and the sweep's document mix (benchmarks/doc_mixes.sweep_cu), or
+the tuner's picks and the sweep's document mix (benchmarks/op.py: sweep_cu), or
 ``--doc-mix`` (the benchmark's mixes, e.g. ``seed``, ``uniform:1-8``; several, comma-separated).
 
-    python benchmarks/tools/kernel_times.py --C 128,512 --out $OUT
-    python benchmarks/tools/kernel_times.py --C 128,512,2048 --bias no --doc-mix seed,uniform:1-8 --out $OUT
+    python tools/kernel_times.py --C 128,512 --out $OUT
+    python tools/kernel_times.py --C 128,512,2048 --bias no --doc-mix seed,uniform:1-8 --out $OUT
 """
 
 import argparse
@@ -20,11 +20,12 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the shared modules
-from doc_mixes import mix_cu, sweep_cu  # noqa: E402
-from environment import run_environment  # noqa: E402
-from measures import FLOOR_FACTOR  # noqa: E402
-from timing import HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.append(REPO)  # the benchmarks package; after PYTHONPATH, where an A/B puts another cakeconv
+from benchmarks.op import FLOOR_FACTOR, mix_cu, sweep_cu  # noqa: E402
+from benchmarks.report import run_environment  # noqa: E402
+from benchmarks.timing import HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch  # noqa: E402
 

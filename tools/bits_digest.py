@@ -9,10 +9,10 @@ C = 128, 512 and 2048 (8 and 24 with --small), with and without bias, bf16 / fp1
 bf16 taps, and the [B, T, C] form, each through the picked configuration (that every other
 configuration gives the same bits is tests/test_gpu.py's test_gpu_every_config_gives_the_same_bits).
 
-    python benchmarks/tools/bits_digest.py --out digests.txt              # GPU
-    TRITON_INTERPRET=1 python benchmarks/tools/bits_digest.py --small     # CPU interpreter, small shapes
-    python benchmarks/tools/bits_digest.py --shard 1/3                    # every third case, from the second
-    python benchmarks/tools/bits_digest.py --compare main.lines new_*.log  # a version's lines against a reference's
+    python tools/bits_digest.py --out digests.txt              # GPU
+    TRITON_INTERPRET=1 python tools/bits_digest.py --small     # CPU interpreter, small shapes
+    python tools/bits_digest.py --shard 1/3                    # every third case, from the second
+    python tools/bits_digest.py --compare main.lines new_*.log  # a version's lines against a reference's
 
 Shards print their lines in case order; sorting the lines of all shards gives one comparable list.
 
@@ -27,8 +27,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from doc_mixes import mix_lengths  # noqa: E402  (benchmarks/)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.append(REPO)  # the benchmarks package; after PYTHONPATH, where an A/B puts another cakeconv
+from benchmarks.op import mix_lengths  # noqa: E402
 
 import cakeconv  # noqa: E402
 

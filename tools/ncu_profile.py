@@ -1,12 +1,12 @@
 """Run each Triton kernel of interest once, for Nsight Compute (ncu) to read its counters (GPU).
 
     ncu --clock-control none -k regex:cake_conv --section SpeedOfLight ... \
-        python benchmarks/tools/ncu_profile.py --C 512
+        python tools/ncu_profile.py --C 512
 
 Launches, per C: the forward and the backward with the tuner's picks, plus a device-to-device copy
 of the same bytes. The counters are ncu's output; this script only launches. ``--doc-mix`` takes a
 mix of the benchmark (e.g. ``uniform:1-8``, ``ones``); without it, the sweep's document lengths
-(benchmarks/doc_mixes.py).
+(benchmarks/op.py: sweep_cu).
 """
 
 import argparse
@@ -15,9 +15,11 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the shared modules
-from doc_mixes import mix_cu, sweep_cu  # noqa: E402
-from environment import run_environment  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.append(REPO)  # the benchmarks package; after PYTHONPATH, where an A/B puts another cakeconv
+from benchmarks.op import mix_cu, sweep_cu  # noqa: E402
+from benchmarks.report import run_environment  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning  # noqa: E402
 

@@ -5,14 +5,14 @@ Triton ships, finds the two largest loops (backward branches: the masked and the
 loop) and divides their instruction counts by the elements a thread handles per loop step. The
 unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md.
 
-    python benchmarks/tools/sass_loop_count.py            # instructions per element (C = 512 picks), both
+    python tools/sass_loop_count.py            # instructions per element (C = 512 picks), both
                                                           # segment lookups of many-segment programs
-    python benchmarks/tools/sass_loop_count.py --spills   # register spills in the backward's loops per C
-    python benchmarks/tools/sass_loop_count.py --mix-diff # opcodes per element, backward with segment ids at
+    python tools/sass_loop_count.py --spills   # register spills in the backward's loops per C
+    python tools/sass_loop_count.py --mix-diff # opcodes per element, backward with segment ids at
                                                           # C = 512 without bias: many-segment middle loop
                                                           # against the unmasked loop
-    python benchmarks/tools/sass_loop_count.py --all      # the three in turn (benchmarks/results/cpu_sass_loops.txt)
-    python benchmarks/tools/sass_loop_count.py --width=8 --spills   # the same for the picks of another width (SiLU)
+    python tools/sass_loop_count.py --all      # the three in turn (benchmarks/results/cpu_sass_loops.txt)
+    python tools/sass_loop_count.py --width=8 --spills   # the same for the picks of another width (SiLU)
 """
 
 import collections
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # compile_report (it puts the repository on sys.path)
 import triton  # noqa: E402
 from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, FWD_STRIDES, SEED_WIDTH, TARGET  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402

@@ -22,7 +22,7 @@ Wall time per call = median step time / 16 (on the GPU each step ends with a syn
 CPU's Python is slower than the H200 host's, so read ratios, not microseconds. On the GPU the tool
 also times single operations (``--device cuda``; ``single_launches``: host and GPU us per call).
 
-    python benchmarks/tools/host_rungs.py [--device cpu|cuda] [--steps 100] [--rounds 7] [--profile]
+    python tools/host_rungs.py [--device cpu|cuda] [--steps 100] [--rounds 7] [--profile]
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ if DEVICE == "cpu":
 
 import torch  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.append(REPO)  # after PYTHONPATH: an A/B puts another version of the package there
 
+from benchmarks.op import baseline_op  # noqa: E402
 from cakeconv import cake_causal_conv1d_det  # noqa: E402
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch  # noqa: E402
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.launch import (  # noqa: E402
@@ -59,13 +60,7 @@ from cakeconv.cake_causal_conv1d_det_train_backend.kernels.launch import (  # no
 
 S, C, CHAIN = 64, 256, 16  # shape legend: S tokens, C channels; CHAIN calls per step
 SYNC = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
-
-
-# the benchmark's own baseline (forward: one clone; backward: identity), so both time the same thing
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from providers import BaselineProvider  # noqa: E402
-
-_TRIVIAL = BaselineProvider(torch, "trivial")._op
+TRIVIAL = baseline_op(torch, "trivial")  # the benchmark's host-cost baseline: forward one clone, backward identity
 
 
 def make_step(op):
@@ -103,7 +98,7 @@ def ours(y, w, cu):
 
 
 def trivial(y, w, cu):
-    return _TRIVIAL(y, w, None)
+    return TRIVIAL(y, w, None)
 
 
 class _Floor(torch.autograd.Function):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build Dao-AILab causal-conv1d 1.7.0, a PEER of the benchmarks (not a dependency), for sm_90 on the GPU machine.
-#   bash benchmarks/tools/build_dao.sh        (device_run.sh's `daobuild` runs it in the background; `waitdao` waits)
+#   bash tools/build_dao.sh        (device_run.sh's `peers` runs it in the background; its benchmark steps wait for it)
 # Result: $DAO_DIR/causal_conv1d-1.7.0 (put it on PYTHONPATH) holding causal_conv1d/ and causal_conv1d_cuda*.so,
 # then the file DONE there (or FAILED, with build.log). The steps:
 #   1. the source package: $DAO_SDIST, else .fla/, shared/peers/ or ../shared/peers/causal_conv1d-1.7.0.tar.gz
@@ -81,7 +81,7 @@ def dispatch(macro, var, names):
         typ, scalar = TYPES[name]
         body += "if (%s == at::ScalarType::%s) { \\\n        using %s = %s; \\\n        __VA_ARGS__(); \\\n    } else " % (
             arg, scalar, var, typ)
-    body += ("{ \\\n        AT_ERROR(#NAME, \" not built for type '\", toString(%s), \"' (benchmarks/tools/build_dao.sh: "
+    body += ("{ \\\n        AT_ERROR(#NAME, \" not built for type '\", toString(%s), \"' (tools/build_dao.sh: "
              "x %s, weight %s)\"); \\\n    }\n") % (arg, "/".join(xs), "/".join(ws))
     s = s[:m.start()] + body + s[m.end():]
 dispatch("DISPATCH_ITYPE_FLOAT_AND_HALF_AND_BF16", "input_t", xs)

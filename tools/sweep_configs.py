@@ -5,10 +5,10 @@ and the fraction of the copy bandwidth measured in the same run (floor bytes: fo
 6*S*C for bf16). Writes a JSON-lines file, a row per configuration with the run's GPU, versions, date
 and commit, when --out is given.
 
-    python benchmarks/tools/sweep_configs.py --C 128,512,2048,8192 --out $OUT
-    python benchmarks/tools/sweep_configs.py --C 128,256 --doc-mix seed \
+    python tools/sweep_configs.py --C 128,512,2048,8192 --out $OUT
+    python tools/sweep_configs.py --C 128,256 --doc-mix seed \
         --extra "bwd:R=2,BC=128,num_warps=2,stages=4,maxnreg=128" --out $OUT
-    python benchmarks/tools/sweep_configs.py --C 512,2048 --width 8 --activation none --doc-mix uniform:1-64
+    python tools/sweep_configs.py --C 512,2048 --width 8 --activation none --doc-mix uniform:1-64
 
 ``--extra`` adds configurations that tuning.py does not list (``fwd:`` or ``bwd:`` then the
 dataclass fields, several separated by ``;``), to try one before it becomes a candidate.
@@ -23,10 +23,12 @@ import sys
 import torch
 import triton
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: the shared modules
-from doc_mixes import mix_cu, sweep_cu  # noqa: E402
-from environment import run_environment  # noqa: E402
-from timing import HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.append(REPO)  # the benchmarks package; after PYTHONPATH, where an A/B puts another cakeconv
+from benchmarks.op import mix_cu, sweep_cu  # noqa: E402
+from benchmarks.report import run_environment  # noqa: E402
+from benchmarks.timing import HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning  # noqa: E402
 

@@ -6,8 +6,8 @@ specialization for sm_90 down to PTX with Triton's own binder and pipeline, and 
 for a launch compute the same bits at the same speed there: this is how a change to the kernels'
 source is shown to leave the width-4 SiLU kernels as they were.
 
-    python benchmarks/tools/ptx_fingerprint.py OUT.json [--kernels a,b] [--jobs N] [--keys-of OLD.json]
-    python benchmarks/tools/ptx_fingerprint.py --compare A.json B.json
+    python tools/ptx_fingerprint.py OUT.json [--kernels a,b] [--jobs N] [--keys-of OLD.json]
+    python tools/ptx_fingerprint.py --compare A.json B.json
 """
 
 from __future__ import annotations

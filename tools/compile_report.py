@@ -3,7 +3,7 @@
 For each launch configuration of tuning.py: registers, spills (local loads/stores), and the width
 of the global loads/stores in the PTX (16-byte accesses show as ``v4.b32`` for bf16 rows).
 
-    python benchmarks/tools/compile_report.py
+    python tools/compile_report.py
 """
 
 import collections
@@ -17,7 +17,10 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, forward as triton_forward, tuning
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.append(REPO)  # the package; after PYTHONPATH, where an A/B puts another cakeconv
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, forward as triton_forward, tuning  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 C_REPORT = 512  # the row strides are compile-time constants: contiguous rows of this many channels
