@@ -25,10 +25,11 @@ import tempfile  # noqa: E402
 
 from benchmarks.report import REPO_ROOT, git_commit, log, write_json, write_result_files  # noqa: E402 (no torch)
 
-LIBRARIES = ("cakeconv", "cakeconv_after_warmup", "fla", "dao", "dao_det")
+LIBRARIES = ("cakeconv", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao", "dao_det")
 DOC_EDGES = (0.0, 0.10, 0.35, 0.65, 1.0)  # document boundaries, fractions of S
 WIDTH, STRIDE_FACTOR = 4, 3  # taps; the stride case's x is a slice [:, :C] of [S, 3C]
-DRY_SKIP = {"cakeconv_after_warmup": "dry run: the warm-up compiles for a GPU target (minutes on a CPU)",
+DRY_SKIP = {"cakeconv_one_thread": "dry run: the reference backend compiles nothing, in any number of threads",
+            "cakeconv_after_warmup": "dry run: the warm-up compiles for a GPU target (minutes on a CPU)",
             "fla": "dry run: FLA's causal_conv1d is Triton and needs a CUDA GPU",
             **dict.fromkeys(("dao", "dao_det"), "dry run: causal-conv1d is a CUDA extension")}
 KERNELS = ("first_step", "new_c", "new_stride", "steady")  # the phases whose compiles are counted
@@ -39,7 +40,8 @@ ROW_FIELDS = (
     "warm_cache_first_call_s", "warm_cache_first_step_s", "warm_cache_compiled", "warm_cache_cache_hits",
     "cold_process_s", "warm_process_s", "device", "gpu", "torch", "triton", "date", "commit")
 OPTIONS = (  # (name, default, help)
-    ("libraries", ",".join(LIBRARIES), "rows, in order: cakeconv, cakeconv_after_warmup (after python -m cakeconv "
+    ("libraries", ",".join(LIBRARIES), "rows, in order: cakeconv, cakeconv_one_thread (CAKECONV_COMPILE_THREADS=1: "
+     "each kernel compiled at its first launch), cakeconv_after_warmup (after python -m cakeconv "
      "warmup into the empty cache), fla (FLA's Triton causal_conv1d), dao and dao_det (causal_conv1d_fn, "
      "CAUSAL_CONV1D_DETERMINISTIC 0 and 1)"),
     ("tokens", 32768, "S packed tokens"), ("channels", 512, "C of the first step, the stride case, the steady calls"),
@@ -218,6 +220,9 @@ def run_file(args, cmd, library: str, work: str, path: str, spawn_time: bool = F
     env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(work, "triton_cache"), FLA_GLUON="0",
                PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
     env.pop("CAUSAL_CONV1D_DETERMINISTIC", None)
+    env.pop("CAKECONV_COMPILE_THREADS", None)
+    if library == "cakeconv_one_thread":
+        env["CAKECONV_COMPILE_THREADS"] = "1"
     if library in ("dao", "dao_det"):
         env["CAUSAL_CONV1D_DETERMINISTIC"] = "1" if library == "dao_det" else "0"
     with contextlib.suppress(AttributeError, OSError, ValueError):

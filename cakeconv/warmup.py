@@ -7,6 +7,10 @@ module fills that cache ahead of a run, for the problems a run will meet, with e
 compiled in parallel processes, on a GPU machine or without a GPU (given the target, e.g.
 ``--target sm_90``): a container image built on a CPU machine can hold the cache ready.
 
+The first training step of a problem on a GPU compiles the same set itself, side by side in
+threads (``compile_ahead.py``); this warm-up is for compiling before any GPU work: in a container
+image, on a CPU machine, or for the layouts that path does not cover (``mamba_ssm_row_stride``).
+
 What a problem needs. A problem is (C, x dtype, taps dtype, bias or not, width W, activation).
 Its training step launches the forward kernel, the backward kernels (one group of the dweight tree
 below 8,193 rows, else the main and the group kernel), and with many short documents their
@@ -130,11 +134,11 @@ def _mamba_ssm_pair_step(problem: WarmupProblem, shape, cu) -> None:
 def _record(problem: WarmupProblem) -> list:
     """The launches of the problem's representative forward + backward calls (nothing runs)."""
     from . import cake_causal_conv1d_det
-    from .cake_causal_conv1d_det_train_backend import checks
+    from .cake_causal_conv1d_det_train_backend import checks, conv
     from .cake_causal_conv1d_det_train_backend.kernels import launch
 
     launches = []
-    saved = checks.INTERPRET
+    saved, saved_plans = checks.INTERPRET, dict(conv._plans)
     checks.INTERPRET = True  # the Triton backend takes CPU tensors: they are only recorded
     try:
         for shape, cu in _calls(problem):
@@ -153,6 +157,8 @@ def _record(problem: WarmupProblem) -> list:
             launches += recorded
     finally:
         checks.INTERPRET = saved
+        conv._plans.clear()  # the plans of these CPU tensors on the Triton backend hold for the recording only
+        conv._plans.update(saved_plans)
     return launches
 
 

@@ -17,7 +17,7 @@ import pytest
 import benchmarks.first_step as bench_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLANNED = ["cakeconv", "cakeconv_after_warmup", "fla", "dao", "dao_det"]
+PLANNED = ["cakeconv", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao", "dao_det"]
 MEASURES = ["import_s", "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms",
             "steady_max_ms", "warm_cache_import_s", "warm_cache_first_call_s", "warm_cache_first_step_s"]
 COUNTS = ["first_step_compiled", "first_step_cache_hits", "new_c_compiled", "new_c_cache_hits",

@@ -46,7 +46,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import checks
+from . import checks, compile_ahead
 from .kernels.launch import (
     _cuda_getDevice,
     backward_workspace_floats,
@@ -136,7 +136,7 @@ class Plan:
     """
 
     __slots__ = ("S", "C", "W", "activation", "seq_len", "backend", "dtype", "device_index", "gdt", "n_ws", "fwd",
-                 "_bwd", "_layout")
+                 "_bwd", "_layout", "ahead")
 
     def __init__(self, p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu: Optional[Tensor]):
         self.S, self.C, self.seq_len, self.backend = p.S, p.C, p.seq_len, p.backend
@@ -148,6 +148,7 @@ class Plan:
         self.fwd = None
         self._bwd: dict = {}
         self._layout = None
+        self.ahead = False  # compile_ahead.before_training_step ran for this plan
         if p.backend != "triton" or p.S == 0 or not weight.is_contiguous() or not (bias is None or bias.is_contiguous()):
             return
         x_stride = _row_stride(x, p.S, p.C)
@@ -353,11 +354,12 @@ def _check_schema_types(x, weight, bias, cu_seqlens, backend, activation) -> Non
                         f"{type(backend).__name__}, {type(activation).__name__}")
 
 
-def run_forward(x, weight, bias, cu_seqlens, backend, activation, out=None, plan=None):
+def run_forward(x, weight, bias, cu_seqlens, backend, activation, out=None, plan=None, training=False):
     """(y, plan): y = act(conv(x)) written into ``out`` (x's shape and dtype) or a new contiguous
     tensor. Eager: rung 1 on ``plan`` (validated here when None), which is returned for the
-    backward. Traced by torch.compile: the custom op ``forward_into_op`` (validated when the graph
-    runs), and None for the plan."""
+    backward; ``training`` (a backward follows): the first call of a problem compiles its training
+    step's kernels side by side first (compile_ahead.py). Traced by torch.compile: the custom op
+    ``forward_into_op`` (validated when the graph runs), and None for the plan."""
     if torch.compiler.is_compiling():
         _check_schema_types(x, weight, bias, cu_seqlens, backend, activation)
         y = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -370,6 +372,8 @@ def run_forward(x, weight, bias, cu_seqlens, backend, activation, out=None, plan
         y = out
     else:
         y = torch.empty_like(x, memory_format=_CONTIGUOUS)
+    if training and not plan.ahead:
+        compile_ahead.before_training_step(plan)
     _forward(plan, x, weight, bias, cu_seqlens, y)
     return y, plan
 
@@ -407,7 +411,9 @@ def run_backward(dy, x, weight, bias, cu_seqlens, backend, activation, dweight_d
     """(dx, dweight, dbias): the backward into ``dx`` and a ``workspace`` when given (dweight and dbias
     are then views into it), else new buffers. Eager: rung 1 on ``plan`` (validated here when None;
     dy is checked on its first layout); a dx whose rows are a slice of a wider tensor is written in
-    place. Traced by torch.compile: the custom op ``backward_into_op`` (validated when the graph runs)."""
+    place; the first call of a problem compiles its training step's kernels side by side first
+    (compile_ahead.py). Traced by torch.compile: the custom op ``backward_into_op`` (validated when
+    the graph runs)."""
     if torch.compiler.is_compiling():
         C, W = x.shape[-1], weight.shape[-1]
         S = x.numel() // C if C else 0
@@ -441,6 +447,8 @@ def run_backward(dy, x, weight, bias, cu_seqlens, backend, activation, dweight_d
         ws_F = None
         dw_CW, db_C = _gradient_buffers(weight, C, W, dweight_dtype, bias is not None)
     dx_out = dx if dx is not None else torch.empty_like(x, memory_format=_CONTIGUOUS)
+    if not plan.ahead:
+        compile_ahead.before_training_step(plan)
     _backward(plan, launches, dy, x, weight, bias, cu_seqlens, dx_out, ws_F, dw_CW, db_C, dx_strided=dx_strided)
     return dx_out, dw_CW, db_C
 
@@ -614,7 +622,7 @@ class CakeCausalConv1dDetFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, cu_seqlens, backend, activation="silu"):
-        y, ctx.plan = run_forward(x, weight, bias, cu_seqlens, backend, activation)
+        y, ctx.plan = run_forward(x, weight, bias, cu_seqlens, backend, activation, training=True)
         ctx.save_for_backward(x, weight, bias, cu_seqlens)
         ctx.backend = backend
         ctx.activation = activation

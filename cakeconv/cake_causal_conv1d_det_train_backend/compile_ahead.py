@@ -1,0 +1,126 @@
+"""Compile a training step's kernels side by side, the first time a step needs them.
+
+A problem (C, x dtype, taps dtype, bias or not, width W, activation, cu_seqlens dtype) trains
+through several Triton kernel variants: the forward, the backward (one group of the dweight tree,
+or the main and the group kernel), their forms for many short documents, the ``[B, T, C]`` forms.
+Triton compiles each on its first launch, one after the other, in the launching thread. Most of a
+compile runs outside Python's GIL (the MLIR passes, LLVM, ptxas), so threads compile side by side.
+
+The first time the autograd op (or the backward entry point) meets a problem on a CUDA device, this
+module compiles every variant of that problem's training step (``cakeconv.warmup``'s set for the
+problem: the same launches, the same Triton cache keys) in parallel threads into Triton's on-disk
+cache, and waits for them; the launches then load them from there. A cold first step then costs
+about the slowest variant's compile, not the sum of all of them; later steps at other token or
+document counts compile nothing. Variants already in the cache are found in milliseconds.
+
+It applies to contiguous rows (``[S, C]``, ``[1, S, C]``, ``[B, T, C]``) whose bias, if any, has
+the taps' dtype; other layouts compile on first launch as before. Nothing changes in what runs: the
+kernels are the ones the launches would compile themselves.
+
+``CAKECONV_COMPILE_THREADS``: the number of threads (default: the CPU count, at most the number of
+variants); ``0`` or ``1`` turns this off (each kernel compiles on its first launch). A failure here
+is reported once as a warning and the launches compile what they need, as without it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+ENV_THREADS = "CAKECONV_COMPILE_THREADS"
+
+_done: set = set()
+_lock = threading.Lock()
+_local = threading.local()
+_warned = False
+
+
+def threads() -> int:
+    """The threads a problem's compile uses (``CAKECONV_COMPILE_THREADS``; 0 or 1: off)."""
+    text = os.environ.get(ENV_THREADS, "").strip()
+    if not text:
+        return os.cpu_count() or 1
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise ValueError(f"{ENV_THREADS} must be a whole number of threads (0 or 1: off), got {text!r}") from None
+
+
+def problem_of(plan):
+    """The ``WarmupProblem`` of a plan's training step, or None where this does not apply (no Triton
+    fast path on a CUDA device, rows that are not contiguous, a bias of another dtype than the taps)."""
+    if plan.fwd is None or plan.device_index < 0 or plan._layout is None:
+        return None
+    x_stride, w_dtype, b_dtype, cu_dtype, _ = plan._layout
+    if x_stride != plan.C or (b_dtype is not None and b_dtype != w_dtype):
+        return None
+    from ..warmup import WarmupProblem
+
+    return WarmupProblem(plan.C, plan.dtype, w_dtype, b_dtype is not None, plan.W, plan.activation,
+                         cu_dtype or torch.int32)
+
+
+def compile_problem(problem, target, n_threads: int) -> int:
+    """Compile every kernel variant of ``problem``'s training step for ``target`` in ``n_threads``
+    threads into Triton's cache (variants already there are found, not compiled); the number of
+    variants."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from ..warmup import problem_specializations
+    from .kernels import launch
+
+    launch.cache_keys_in_fixed_order()  # before any thread hashes a kernel (launch.py)
+    fns = {k.name: k.fn for k in launch.KERNELS}
+    items = list(problem_specializations([problem], target).values())
+
+    def compile_one(item):
+        name, (options, signature, constexprs, attrs) = item
+        src = ASTSource(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs)
+        triton.compile(src, target=target, options=options.__dict__)
+
+    with ThreadPoolExecutor(max(1, min(n_threads, len(items)))) as pool:
+        for _ in pool.map(compile_one, items):
+            pass
+    return len(items)
+
+
+def before_training_step(plan) -> None:
+    """Once per problem and process: compile the problem's training-step kernels side by side (see
+    the module docstring). Marks the plan so that its later calls skip this at the cost of one
+    attribute read."""
+    plan.ahead = True
+    if getattr(_local, "busy", False):  # the representative calls below run the op themselves
+        return
+    n = threads()
+    if n <= 1:
+        return
+    try:
+        problem = problem_of(plan)
+        if problem is None:
+            return
+        from .kernels.specialization import cuda_target
+
+        major, minor = torch.cuda.get_device_capability(plan.device_index)
+        key = (10 * major + minor, problem)
+        with _lock:
+            if key in _done:
+                return
+            _done.add(key)
+        _local.busy = True
+        try:
+            with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
+                compile_problem(problem, cuda_target(key[0]), n)
+        finally:
+            _local.busy = False
+    except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
+        global _warned
+        if not _warned:
+            _warned = True
+            warnings.warn(f"cakeconv could not compile the training step's kernels ahead ({type(exc).__name__}: "
+                          f"{exc}); each compiles on its first launch instead. {ENV_THREADS}=0 turns the "
+                          f"compile ahead off.", RuntimeWarning, stacklevel=3)

@@ -1,0 +1,192 @@
+"""The training step's kernels compiled side by side on first use (compile_ahead.py).
+
+Tier 1 (CPU): which plans it applies to; that the first training step of a problem (the autograd
+op, or the backward entry point) asks for the problem's compile once, from inside the autograd
+Function's forward, with the representative calls of ``cakeconv.warmup`` recorded there (nested
+autograd) without changing a bit of the step's results and without leaving their plans behind;
+``CAKECONV_COMPILE_THREADS=0`` turns it off; a failure warns once and the step runs. The CPU has
+no CUDA device, so those tests stand in the device capability and the problem of the reference
+backend's plan; the compile itself is checked for sm_90: threads write the same cubins as one
+thread (the forward's variants, to keep CI short). On a GPU (marked ``gpu``): a cold first step
+compiles in the worker threads only, and the later steps at other token and document counts
+compile nothing.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
+from cakeconv import warmup as warmup_module
+from cakeconv.cake_causal_conv1d_det_train_backend import compile_ahead, conv
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import cuda_target
+from cakeconv.warmup import WarmupProblem
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SM90 = cuda_target(90)
+
+
+def test_threads_from_the_environment(monkeypatch):
+    monkeypatch.delenv(compile_ahead.ENV_THREADS, raising=False)
+    assert compile_ahead.threads() == (os.cpu_count() or 1)
+    monkeypatch.setenv(compile_ahead.ENV_THREADS, "0")
+    assert compile_ahead.threads() == 0
+    monkeypatch.setenv(compile_ahead.ENV_THREADS, "six")
+    with pytest.raises(ValueError, match="'six'"):
+        compile_ahead.threads()
+
+
+def _plan(x_stride=512, b_dtype=None, device_index=0, fwd=object(), cu_dtype=torch.int64):
+    return types.SimpleNamespace(fwd=fwd, device_index=device_index, C=512, dtype=torch.bfloat16, W=3,
+                                 activation=None, _layout=(x_stride, torch.float32, b_dtype, cu_dtype, 5))
+
+
+def test_which_plans_it_applies_to():
+    assert compile_ahead.problem_of(_plan()) == WarmupProblem(512, torch.bfloat16, torch.float32, False, 3, None,
+                                                              torch.int64)
+    assert compile_ahead.problem_of(_plan(b_dtype=torch.float32)).bias
+    assert compile_ahead.problem_of(_plan(cu_dtype=None)).cu_dtype == torch.int32
+    assert compile_ahead.problem_of(_plan(x_stride=1024)) is None  # rows of a wider tensor
+    assert compile_ahead.problem_of(_plan(b_dtype=torch.bfloat16)) is None  # a bias of another dtype
+    assert compile_ahead.problem_of(_plan(device_index=-1)) is None  # not a CUDA device
+    assert compile_ahead.problem_of(_plan(fwd=None)) is None  # no Triton fast path
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """The problems the compile is asked for, on the CPU's reference backend: each plan stands for a
+    CUDA plan of its problem, the device for an sm_90 one; the compile records the problem's
+    representative calls (as the real one does) and compiles nothing."""
+    calls = []
+
+    def compile_problem(problem, target, n_threads):
+        specs = warmup_module.problem_specializations([problem], target)
+        calls.append((problem.C, problem.width, problem.activation, target.arch, n_threads, len(specs)))
+        return len(specs)
+
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(
+        plan.C, plan.dtype, torch.float32, False, plan.W, plan.activation, torch.int32))
+    monkeypatch.setattr(compile_ahead, "compile_problem", compile_problem)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setenv(compile_ahead.ENV_THREADS, "4")
+    conv._plans.clear()
+    return calls
+
+
+def _step(S, C, W=4, activation="silu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(S, C, generator=g).to(torch.bfloat16).requires_grad_(True)
+    w = (0.5 * torch.randn(C, W, generator=g)).requires_grad_(True)
+    cu = torch.tensor([0, S // 3, S], dtype=torch.int32)
+    y = cake_causal_conv1d_det(x, w, cu_seqlens=cu, activation=activation)
+    y.backward(torch.randn(S, C, generator=g).to(torch.bfloat16))
+    return y.detach(), x.grad, w.grad
+
+
+def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
+    first = _step(64, 16)
+    assert asked == [(16, 4, "silu", 90, 4, asked[0][5])] and asked[0][5] >= 8  # the problem's variants
+    assert all(sig[3] != torch.device("cpu") or sig[-2] != "triton" for sig in conv._plans)  # no recording plan kept
+    _step(100, 16, seed=1)  # other token and document counts: the same problem
+    assert len(asked) == 1
+    _step(64, 24)
+    _step(64, 16, W=3, activation=None)
+    assert [a[:3] for a in asked[1:]] == [(24, 4, "silu"), (16, 3, None)]
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    conv._plans.clear()
+    monkeypatch.setenv(compile_ahead.ENV_THREADS, "0")
+    again = _step(64, 16)  # off: the same step, nothing asked
+    assert len(asked) == 3
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
+    x = torch.randn(64, 16).to(torch.bfloat16)
+    w = torch.randn(16, 4)
+    y = cake_causal_conv1d_det_train_forward(x, w)  # no backward follows: compiles on launch as before
+    assert asked == []
+    cake_causal_conv1d_det_train_backward(torch.randn_like(y), x, w)
+    assert [a[:3] for a in asked] == [(16, 4, "silu")]
+
+
+def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch):
+    want = _step(64, 16)
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_warned", False)
+    conv._plans.clear()
+
+    def broken(problem, target, n_threads):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(compile_ahead, "compile_problem", broken)
+    with pytest.warns(RuntimeWarning, match="no space left on device"):
+        got = _step(64, 16)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _step(64, 24)  # another problem fails too, silently now
+
+
+def _cubins(cache) -> dict:
+    return {os.path.basename(os.path.dirname(p)) + "/" + os.path.basename(p): open(p, "rb").read()
+            for p in glob.glob(os.path.join(cache, "*", "*.cubin"))}
+
+
+def test_threads_compile_what_one_thread_compiles(tmp_path, monkeypatch):
+    """For sm_90 on the CPU: the forward's variants of a problem, in 3 threads and in 1, into two empty
+    caches: the same entries, the same cubins (Triton's compile is thread-safe here)."""
+    every = warmup_module.problem_specializations([WarmupProblem(256)], SM90)
+    forward = {k: v for k, v in every.items() if k[0] == "cake_conv_fwd_kernel"}
+    assert len(forward) >= 2
+    monkeypatch.setattr(warmup_module, "problem_specializations", lambda problems, target: forward)
+    caches = {}
+    for n in (3, 1):
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / f"cache{n}"))
+        assert compile_ahead.compile_problem(WarmupProblem(256), SM90, n) == len(forward)
+        caches[n] = _cubins(str(tmp_path / f"cache{n}"))
+    assert len(caches[3]) == len(forward) and caches[3] == caches[1]
+
+
+_COLD_STEPS = """
+import json, threading, time, torch
+from triton import knobs
+from cakeconv import cake_causal_conv1d_det
+events = []
+knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(
+    (threading.current_thread() is threading.main_thread(), cache_hit))
+C, seconds = 512, []
+for S, docs in ((4096, 3), (4096, 1024), (8320, 3), (8320, 2080)):
+    t0 = time.perf_counter()
+    x = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(C, 4, device="cuda", requires_grad=True)
+    cu = torch.linspace(0, S, docs + 1, device="cuda").round().int()
+    cake_causal_conv1d_det(x, w, cu_seqlens=cu).sum().backward()
+    torch.cuda.synchronize()
+    seconds.append(time.perf_counter() - t0)
+print(json.dumps({"compiled_in_main": sum(m and not h for m, h in events),
+                  "compiled_in_workers": sum(not m and not h for m, h in events), "seconds": seconds}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_a_cold_first_step_compiles_in_the_workers_only(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop(compile_ahead.ENV_THREADS, None)
+    run = subprocess.run([sys.executable, "-c", _COLD_STEPS], capture_output=True, text=True, cwd=REPO, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    print(result)
+    assert result["compiled_in_main"] == 0 and result["compiled_in_workers"] >= 8, result
