@@ -55,7 +55,7 @@ def test_which_plans_it_applies_to():
                                                               torch.int64)
     assert compile_ahead.problem_of(_plan(b_dtype=torch.float32)).bias
     assert compile_ahead.problem_of(_plan(cu_dtype=None)).cu_dtype == torch.int32
-    assert compile_ahead.problem_of(_plan(x_stride=1024)) is None  # rows of a wider tensor
+    assert compile_ahead.problem_of(_plan(x_stride=1024)).mamba_ssm_row_stride == 1024  # rows of a wider tensor
     assert compile_ahead.problem_of(_plan(b_dtype=torch.bfloat16)) is None  # a bias of another dtype
     assert compile_ahead.problem_of(_plan(device_index=-1)) is None  # not a CUDA device
     assert compile_ahead.problem_of(_plan(fwd=None)) is None  # no Triton fast path
@@ -190,3 +190,42 @@ def test_gpu_a_cold_first_step_compiles_in_the_workers_only(tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     print(result)
     assert result["compiled_in_main"] == 0 and result["compiled_in_workers"] >= 8, result
+
+
+_PAIR_COLD_STEPS = """
+import json, threading, torch
+from triton import knobs
+from cakeconv.integrations import dao
+events = []
+knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(
+    (threading.current_thread() is threading.main_thread(), cache_hit, src.fn.__name__))
+C, Z = 256, 520
+for B, T, docs in ((1, 4096, 3), (1, 8320, 2080), (2, 2048, None)):
+    zx = torch.randn(B, T, Z, device="cuda", dtype=torch.bfloat16)
+    dz = torch.zeros_like(zx)
+    x, dx = zx[..., :C].transpose(1, 2), dz[..., :C].transpose(1, 2)
+    w, b = torch.randn(C, 4, device="cuda"), torch.randn(C, device="cuda")
+    seq_idx = None if docs is None else (torch.arange(T, device="cuda") * docs // T).int()[None]
+    y = dao.causal_conv1d_fwd_function(x, w, b, seq_idx, None, None, True)
+    dao.causal_conv1d_bwd_function(x, w, b, torch.randn_like(y.transpose(1, 2).contiguous()).transpose(1, 2),
+                                   seq_idx, None, None, dx, False, True)
+torch.cuda.synchronize()
+main = [name for m, hit, name in events if m and not hit]
+print(json.dumps({"compiled_in_main": main, "compiled_in_workers": sum(not m and not h for m, h, _ in events)}))
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_mamba_ssm_layout_backward_variants_compile_in_the_workers(tmp_path):
+    """mamba_ssm's fused path (causal-conv1d's pair on slices of the projection): the forward entry point
+    compiles its one variant on launch (no backward need follow it), the first backward compiles the
+    rest of the layout's training step in the workers, and later steps compile nothing in the launching
+    thread."""
+    env = dict(os.environ, PYTHONPATH=REPO, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop(compile_ahead.ENV_THREADS, None)
+    run = subprocess.run([sys.executable, "-c", _PAIR_COLD_STEPS], capture_output=True, text=True, cwd=REPO,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    print(result)
+    assert result["compiled_in_main"] == ["cake_conv_fwd_kernel"] and result["compiled_in_workers"] >= 5, result

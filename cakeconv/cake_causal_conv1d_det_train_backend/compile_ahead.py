@@ -13,9 +13,12 @@ cache, and waits for them; the launches then load them from there. A cold first 
 about the slowest variant's compile, not the sum of all of them; later steps at other token or
 document counts compile nothing. Variants already in the cache are found in milliseconds.
 
-It applies to contiguous rows (``[S, C]``, ``[1, S, C]``, ``[B, T, C]``) whose bias, if any, has
-the taps' dtype; other layouts compile on first launch as before. Nothing changes in what runs: the
-kernels are the ones the launches would compile themselves.
+It applies to contiguous rows (``[S, C]``, ``[1, S, C]``, ``[B, T, C]``) and to x rows that are a
+slice of a wider tensor, taken as mamba_ssm's fused layout (x and dx rows that far apart, through
+causal-conv1d's pair: ``cakeconv.integrations.mamba_ssm``), when the bias, if any, has the taps'
+dtype; a variant a call needs outside that set (another layout, KCP) compiles on its first launch
+as before. Nothing changes in what runs: the kernels are the ones the launches would compile
+themselves.
 
 ``CAKECONV_COMPILE_THREADS``: the number of threads (default: the CPU count, at most the number of
 variants); ``0`` or ``1`` turns this off (each kernel compiles on its first launch). A failure here
@@ -51,17 +54,18 @@ def threads() -> int:
 
 
 def problem_of(plan):
-    """The ``WarmupProblem`` of a plan's training step, or None where this does not apply (no Triton
-    fast path on a CUDA device, rows that are not contiguous, a bias of another dtype than the taps)."""
+    """The ``WarmupProblem`` of a plan's training step (x rows wider apart than C: mamba_ssm's layout),
+    or None where this does not apply (no Triton fast path on a CUDA device, a bias of another dtype
+    than the taps)."""
     if plan.fwd is None or plan.device_index < 0 or plan._layout is None:
         return None
     x_stride, w_dtype, b_dtype, cu_dtype, _ = plan._layout
-    if x_stride != plan.C or (b_dtype is not None and b_dtype != w_dtype):
+    if b_dtype is not None and b_dtype != w_dtype:
         return None
     from ..warmup import WarmupProblem
 
     return WarmupProblem(plan.C, plan.dtype, w_dtype, b_dtype is not None, plan.W, plan.activation,
-                         cu_dtype or torch.int32)
+                         cu_dtype or torch.int32, None if x_stride == plan.C else x_stride)
 
 
 def compile_problem(problem, target, n_threads: int) -> int:
