@@ -20,7 +20,7 @@
 #   modelstep  FLA's KDA layer and KDAForCausalLM, mamba_ssm's Mamba2 layer: the library's conv, cakeconv, no conv
 #              (MODELSTEP_ARGS adds options, e.g. "--parts kda")
 #   firststep  the first training step from a cold start, one fresh process and empty Triton cache per library
-#              (COLDSTART_ARGS adds options); then tests/test_warmup.py's GPU tests
+#              (COLDSTART_ARGS adds options); then the GPU tests of tests/test_warmup.py and tests/test_compile_ahead.py
 # Tests
 #   tests      the GPU tests (pytest -m gpu; GPU_TESTS: files or node ids; default every file but the multi-GPU tier
 #              and tests/test_integrations_fla.py, whose FLA kernels autotune on first use: give it a run of its
@@ -135,7 +135,8 @@ for step in "$@"; do
          timeout "$limit" python3 -m benchmarks.first_step --time-limit $((limit - 15)) ${COLDSTART_ARGS:-} \
            --out "$OUT/firststep" --name "${GPU_TAG}_first_step" > "$OUT/firststep/progress.log" 2>&1
          rc=$?
-         timeout "${WARMUP_TESTS_S:-120}" python3 -m pytest -v -rf -m gpu tests/test_warmup.py -p no:cacheprovider \
+         timeout "${WARMUP_TESTS_S:-240}" python3 -m pytest -v -rf -m gpu tests/test_warmup.py tests/test_compile_ahead.py \
+           -p no:cacheprovider \
            > "$OUT/firststep/${GPU_TAG}_pytest_gpu_warmup.log" 2>&1
          echo "warm-up GPU tests: rc $?"
          finish firststep $rc "$OUT/firststep/${GPU_TAG}_first_step_table.txt" ;;
