@@ -420,9 +420,10 @@ def run_backward(dy, x, weight, bias, cu_seqlens, backend, activation, dweight_d
         n_ws = backward_workspace_floats(S, C, W)
         if workspace is not None:
             ws_F, dw_CW, db_C = _workspace_views(workspace, n_ws, C, W, dweight_dtype, bias is not None)
-        else:
+        else:  # separate buffers: the op's mutated arguments must not alias each other
             ws_F = torch.empty(n_ws, dtype=torch.float32, device=x.device)
-            dw_CW, db_C = _gradient_buffers(weight, C, W, dweight_dtype, bias is not None)
+            dw_CW = torch.empty_like(weight, dtype=dweight_dtype, memory_format=_CONTIGUOUS)
+            db_C = weight.new_empty(C, dtype=dweight_dtype) if bias is not None else None
         dx_out = dx if dx is not None else torch.empty_like(x, memory_format=_CONTIGUOUS)
         db = db_C if db_C is not None else dw_CW.new_empty((0,))
         backward_into_op(dy, x, weight, bias, cu_seqlens, backend, dx_out, ws_F, dw_CW, db, activation)
