@@ -62,7 +62,7 @@ def test_which_plans_it_applies_to():
 
 
 @pytest.fixture
-def asked(monkeypatch):
+def asked(monkeypatch, tmp_path):
     """The problems the compile is asked for, on the CPU's reference backend: each plan stands for a
     CUDA plan of its problem, the device for an sm_90 one; the compile records the problem's
     representative calls (as the real one does) and compiles nothing."""
@@ -79,6 +79,7 @@ def asked(monkeypatch):
     monkeypatch.setattr(compile_ahead, "compile_problem", compile_problem)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv(compile_ahead.ENV_THREADS, "4")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))  # where the markers go
     conv._plans.clear()
     return calls
 
@@ -111,6 +112,23 @@ def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_a_later_process_finds_the_marker_and_asks_nothing(asked, monkeypatch):
+    _step(64, 16)
+    assert len(asked) == 1
+    marker = compile_ahead.marker_path(WarmupProblem(16, torch.bfloat16, torch.float32, False, 4, "silu",
+                                                     torch.int32), SM90)
+    assert os.path.exists(marker)
+    monkeypatch.setattr(compile_ahead, "_done", set())  # a new process: nothing done in it yet
+    conv._plans.clear()
+    _step(64, 16)
+    assert len(asked) == 1
+    os.remove(marker)  # the marker gone (another cache, another Triton or kernel version): asked again
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    conv._plans.clear()
+    _step(64, 16)
+    assert len(asked) == 2
+
+
 def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
     x = torch.randn(64, 16).to(torch.bfloat16)
     w = torch.randn(16, 4)
@@ -120,8 +138,9 @@ def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
     assert [a[:3] for a in asked] == [(16, 4, "silu")]
 
 
-def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch):
+def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path):
     want = _step(64, 16)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other_cache"))  # no marker there
     monkeypatch.setattr(compile_ahead, "_done", set())
     monkeypatch.setattr(compile_ahead, "_warned", False)
     conv._plans.clear()

@@ -11,7 +11,9 @@ module compiles every variant of that problem's training step (``cakeconv.warmup
 problem: the same launches, the same Triton cache keys) in parallel threads into Triton's on-disk
 cache, and waits for them; the launches then load them from there. A cold first step then costs
 about the slowest variant's compile, not the sum of all of them; later steps at other token or
-document counts compile nothing. Variants already in the cache are found in milliseconds.
+document counts compile nothing. Once a problem's set is in the cache, a marker file there
+(``cakeconv_compile_ahead/<hash>``, keyed by the problem, the target, Triton's version and the
+kernels' cache keys) lets later processes skip all this: their launches load the kernels as before.
 
 It applies to contiguous rows (``[S, C]``, ``[1, S, C]``, ``[B, T, C]``) and to x rows that are a
 slice of a wider tensor, taken as mamba_ssm's fused layout (x and dx rows that far apart, through
@@ -27,6 +29,7 @@ is reported once as a warning and the launches compile what they need, as withou
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import warnings
@@ -93,6 +96,18 @@ def compile_problem(problem, target, n_threads: int) -> int:
     return len(items)
 
 
+def marker_path(problem, target) -> str:
+    """The file that says ``problem``'s training-step kernels for ``target`` are in Triton's cache."""
+    import triton
+    from triton import knobs
+
+    from .kernels import launch
+
+    launch.cache_keys_in_fixed_order()
+    text = repr((problem, target.arch, triton.__version__, [k.fn.cache_key for k in launch.KERNELS]))
+    return os.path.join(knobs.cache.dir, "cakeconv_compile_ahead", hashlib.sha256(text.encode()).hexdigest())
+
+
 def before_training_step(plan) -> None:
     """Once per problem and process: compile the problem's training-step kernels side by side (see
     the module docstring). Marks the plan so that its later calls skip this at the cost of one
@@ -115,12 +130,19 @@ def before_training_step(plan) -> None:
             if key in _done:
                 return
             _done.add(key)
+        target = cuda_target(key[0])
+        marker = marker_path(problem, target)
+        if os.path.exists(marker):  # compiled ahead by an earlier process: the launches load them
+            return
         _local.busy = True
         try:
             with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
-                compile_problem(problem, cuda_target(key[0]), n)
+                compile_problem(problem, target, n)
         finally:
             _local.busy = False
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w") as f:
+            f.write(f"{problem}\n")
     except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
         global _warned
         if not _warned:
