@@ -201,3 +201,22 @@ def check_rounded_once(got, oracle64, err64, dtype, what, min_decided=0.85):
     far = narrow & ((og - orr).abs() > 1)
     assert not bool(far.any()), f"{what}: {int(far.sum())} elements more than 1 ulp from the once-rounded oracle"
     return frac
+
+
+# A GPU script's body (tests/test_warmup.py, tests/test_compile_ahead.py): mamba_ssm's fused-path calls of
+# causal-conv1d's pair on cakeconv, x and dx slices of a [B, T, 520] projection, at token and document counts
+# that reach every kernel variant of the layout; the script defines ``events`` and the listener before it.
+MAMBA_PAIR_STEPS = """
+from cakeconv.integrations import dao
+C, Z = 256, 520
+for B, T, docs in ((1, 4096, 3), (1, 8320, 2080), (2, 2048, None)):
+    zx = torch.randn(B, T, Z, device="cuda", dtype=torch.bfloat16)
+    dz = torch.zeros_like(zx)
+    x, dx = zx[..., :C].transpose(1, 2), dz[..., :C].transpose(1, 2)
+    w, b = torch.randn(C, 4, device="cuda"), torch.randn(C, device="cuda")
+    seq_idx = None if docs is None else (torch.arange(T, device="cuda") * docs // T).int()[None]
+    y = dao.causal_conv1d_fwd_function(x, w, b, seq_idx, None, None, True)
+    dao.causal_conv1d_bwd_function(x, w, b, torch.randn_like(y.transpose(1, 2).contiguous()).transpose(1, 2),
+                                   seq_idx, None, None, dx, False, True)
+torch.cuda.synchronize()
+"""

@@ -30,6 +30,7 @@ from cakeconv import warmup as warmup_module
 from cakeconv.cake_causal_conv1d_det_train_backend import compile_ahead, conv
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import cuda_target
 from cakeconv.warmup import WarmupProblem
+from tests.helpers import MAMBA_PAIR_STEPS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SM90 = cuda_target(90)
@@ -214,21 +215,10 @@ def test_gpu_a_cold_first_step_compiles_in_the_workers_only(tmp_path):
 _PAIR_COLD_STEPS = """
 import json, threading, torch
 from triton import knobs
-from cakeconv.integrations import dao
 events = []
 knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(
     (threading.current_thread() is threading.main_thread(), cache_hit, src.fn.__name__))
-C, Z = 256, 520
-for B, T, docs in ((1, 4096, 3), (1, 8320, 2080), (2, 2048, None)):
-    zx = torch.randn(B, T, Z, device="cuda", dtype=torch.bfloat16)
-    dz = torch.zeros_like(zx)
-    x, dx = zx[..., :C].transpose(1, 2), dz[..., :C].transpose(1, 2)
-    w, b = torch.randn(C, 4, device="cuda"), torch.randn(C, device="cuda")
-    seq_idx = None if docs is None else (torch.arange(T, device="cuda") * docs // T).int()[None]
-    y = dao.causal_conv1d_fwd_function(x, w, b, seq_idx, None, None, True)
-    dao.causal_conv1d_bwd_function(x, w, b, torch.randn_like(y.transpose(1, 2).contiguous()).transpose(1, 2),
-                                   seq_idx, None, None, dx, False, True)
-torch.cuda.synchronize()
+""" + MAMBA_PAIR_STEPS + """
 main = [name for m, hit, name in events if m and not hit]
 print(json.dumps({"compiled_in_main": main, "compiled_in_workers": sum(not m and not h for m, h, _ in events)}))
 """

@@ -30,7 +30,7 @@ from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import
     triton_specialization,
 )
 from cakeconv.warmup import WarmupProblem, problem_specializations, warmup
-from tests.helpers import INTERPRET
+from tests.helpers import INTERPRET, MAMBA_PAIR_STEPS
 
 pytestmark = pytest.mark.skipif(INTERPRET, reason="tier 1: the warm-up compiles for a GPU target")
 
@@ -204,20 +204,9 @@ def test_gpu_a_step_after_the_warmup_compiles_nothing(tmp_path):
 _PAIR_STEP = """
 import json, torch
 from triton import knobs
-from cakeconv.integrations import dao
 events = []
 knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(cache_hit)
-C, Z = 256, 520
-for B, T, docs in ((1, 4096, 3), (1, 8320, 2080), (2, 2048, None)):
-    zx = torch.randn(B, T, Z, device="cuda", dtype=torch.bfloat16)
-    dz = torch.zeros_like(zx)
-    x, dx = zx[..., :C].transpose(1, 2), dz[..., :C].transpose(1, 2)
-    w, b = torch.randn(C, 4, device="cuda"), torch.randn(C, device="cuda")
-    seq_idx = None if docs is None else (torch.arange(T, device="cuda") * docs // T).int()[None]
-    y = dao.causal_conv1d_fwd_function(x, w, b, seq_idx, None, None, True)
-    dao.causal_conv1d_bwd_function(x, w, b, torch.randn_like(y.transpose(1, 2).contiguous()).transpose(1, 2),
-                                   seq_idx, None, None, dx, False, True)
-torch.cuda.synchronize()
+""" + MAMBA_PAIR_STEPS + """
 print(json.dumps({"hits": sum(events), "compiled": len(events) - sum(events)}))
 """
 
