@@ -4,7 +4,10 @@ A problem (C, x dtype, taps dtype, bias or not, width W, activation, cu_seqlens 
 through several Triton kernel variants: the forward, the backward (one group of the dweight tree,
 or the main and the group kernel), their forms for many short documents, the ``[B, T, C]`` forms.
 Triton compiles each on its first launch, one after the other, in the launching thread. Most of a
-compile runs outside Python's GIL (the MLIR passes, LLVM, ptxas), so threads compile side by side.
+compile runs outside Python's GIL (the MLIR passes, LLVM, ptxas), so threads compile side by side;
+its first stage, Python code generation from the kernels' syntax trees, runs one thread at a time
+(CPython 3.11's ``ast.parse`` is not safe in two threads at once: "AST constructor recursion depth
+mismatch").
 
 The first time the autograd op (or the backward entry point) meets a problem on a CUDA device, this
 module compiles every variant of that problem's training step (``cakeconv.warmup``'s set for the
@@ -41,6 +44,7 @@ ENV_THREADS = "CAKECONV_COMPILE_THREADS"
 
 _done: set = set()
 _lock = threading.Lock()
+_front_end = threading.Lock()  # Triton's Python code generation (ast.parse), one thread at a time
 _local = threading.local()
 _warned = False
 
@@ -85,9 +89,16 @@ def compile_problem(problem, target, n_threads: int) -> int:
     fns = {k.name: k.fn for k in launch.KERNELS}
     items = list(problem_specializations([problem], target).values())
 
+    class OneAtATime(ASTSource):
+        """The kernel's source whose Python code generation holds ``_front_end``."""
+
+        def make_ir(self, *args, **kwargs):
+            with _front_end:
+                return super().make_ir(*args, **kwargs)
+
     def compile_one(item):
         name, (options, signature, constexprs, attrs) = item
-        src = ASTSource(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs)
+        src = OneAtATime(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs)
         triton.compile(src, target=target, options=options.__dict__)
 
     with ThreadPoolExecutor(max(1, min(n_threads, len(items)))) as pool:
