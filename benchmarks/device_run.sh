@@ -90,7 +90,8 @@ for step in "$@"; do
            fi
            if [ ! -f "$DAO_SRC/DONE" ]; then  # detached, so that it outlives this run on a warm machine
              mkdir -p "$DAO_DIR"; : > "$DAO_DIR/build.log"
-             OUT=$OUT setsid -f bash tools/build_dao.sh </dev/null >/dev/null 2>&1
+             if command -v setsid >/dev/null; then OUT=$OUT setsid -f bash tools/build_dao.sh </dev/null >/dev/null 2>&1
+             else (OUT=$OUT nohup bash tools/build_dao.sh </dev/null >/dev/null 2>&1 &) fi
              echo "dao: build started in the background ($DAO_DIR/build.log)"
            fi
            for f in .fla/$MAMBA_SDIST shared/peers/$MAMBA_SDIST ../shared/peers/$MAMBA_SDIST; do
