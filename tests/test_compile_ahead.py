@@ -74,7 +74,7 @@ def asked(monkeypatch, tmp_path):
         calls.append((problem.C, problem.width, problem.activation, target.arch, n_threads, len(specs)))
         return len(specs)
 
-    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_done", {})
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(
         plan.C, plan.dtype, torch.float32, False, plan.W, plan.activation, torch.int32))
     monkeypatch.setattr(compile_ahead, "compile_problem", compile_problem)
@@ -104,7 +104,7 @@ def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
     _step(64, 24)
     _step(64, 16, W=3, activation=None)
     assert [a[:3] for a in asked[1:]] == [(24, 4, "silu"), (16, 3, None)]
-    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_done", {})
     conv._plans.clear()
     monkeypatch.setenv(compile_ahead.ENV_THREADS, "0")
     again = _step(64, 16)  # off: the same step, nothing asked
@@ -119,15 +119,39 @@ def test_a_later_process_finds_the_marker_and_asks_nothing(asked, monkeypatch):
     marker = compile_ahead.marker_path(WarmupProblem(16, torch.bfloat16, torch.float32, False, 4, "silu",
                                                      torch.int32), SM90)
     assert os.path.exists(marker)
-    monkeypatch.setattr(compile_ahead, "_done", set())  # a new process: nothing done in it yet
+    monkeypatch.setattr(compile_ahead, "_done", {})  # a new process: nothing done in it yet
     conv._plans.clear()
     _step(64, 16)
     assert len(asked) == 1
     os.remove(marker)  # the marker gone (another cache, another Triton or kernel version): asked again
-    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_done", {})
     conv._plans.clear()
     _step(64, 16)
     assert len(asked) == 2
+
+
+def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
+    import threading
+    import time
+
+    started, events = threading.Event(), []
+
+    def slow(problem, target, n_threads):
+        started.set()
+        time.sleep(0.3)
+        events.append(("compiled", time.perf_counter()))
+        return 1
+
+    monkeypatch.setattr(compile_ahead, "compile_problem", slow)
+    plans = [types.SimpleNamespace(ahead=False, C=16, dtype=torch.bfloat16, W=4, activation="silu", device_index=0)
+             for _ in range(2)]
+    first = threading.Thread(target=compile_ahead.before_training_step, args=(plans[0],))
+    first.start()
+    started.wait(5)
+    compile_ahead.before_training_step(plans[1])  # the same problem, while the first thread compiles it
+    events.append(("second returned", time.perf_counter()))
+    first.join()
+    assert [e[0] for e in events] == ["compiled", "second returned"] and plans[1].ahead
 
 
 def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
@@ -142,7 +166,7 @@ def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
 def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path):
     want = _step(64, 16)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other_cache"))  # no marker there
-    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_done", {})
     monkeypatch.setattr(compile_ahead, "_warned", False)
     conv._plans.clear()
 

@@ -42,7 +42,7 @@ import torch
 
 ENV_THREADS = "CAKECONV_COMPILE_THREADS"
 
-_done: set = set()
+_done: dict = {}  # (capability, problem) -> an Event set once its compile ahead is over
 _lock = threading.Lock()
 _front_end = threading.Lock()  # Triton's Python code generation (ast.parse), one thread at a time
 _local = threading.local()
@@ -119,6 +119,22 @@ def marker_path(problem, target) -> str:
     return os.path.join(knobs.cache.dir, "cakeconv_compile_ahead", hashlib.sha256(text.encode()).hexdigest())
 
 
+def _compile_once(problem, target, n: int) -> None:
+    """The problem's compile ahead, unless a marker says an earlier process (or the warm-up) did it."""
+    marker = marker_path(problem, target)
+    if os.path.exists(marker):  # the launches load the kernels from the cache
+        return
+    _local.busy = True
+    try:
+        with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
+            compile_problem(problem, target, n)
+    finally:
+        _local.busy = False
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    with open(marker, "w") as f:
+        f.write(f"{problem}\n")
+
+
 def before_training_step(plan) -> None:
     """Once per problem and process: compile the problem's training-step kernels side by side (see
     the module docstring). Marks the plan so that its later calls skip this at the cost of one
@@ -138,22 +154,19 @@ def before_training_step(plan) -> None:
         major, minor = torch.cuda.get_device_capability(plan.device_index)
         key = (10 * major + minor, problem)
         with _lock:
-            if key in _done:
-                return
-            _done.add(key)
-        target = cuda_target(key[0])
-        marker = marker_path(problem, target)
-        if os.path.exists(marker):  # compiled ahead by an earlier process: the launches load them
+            over = _done.get(key)
+            if over is None:
+                _done[key] = over = threading.Event()
+                mine = True
+            else:
+                mine = False
+        if not mine:  # another thread compiles it: wait, so that this one's launches compile nothing alongside
+            over.wait()
             return
-        _local.busy = True
         try:
-            with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
-                compile_problem(problem, target, n)
+            _compile_once(problem, cuda_target(key[0]), n)
         finally:
-            _local.busy = False
-        os.makedirs(os.path.dirname(marker), exist_ok=True)
-        with open(marker, "w") as f:
-            f.write(f"{problem}\n")
+            over.set()
     except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
         global _warned
         if not _warned:
