@@ -253,13 +253,10 @@ def warmup(problems, *, target="auto", jobs=None, progress=print) -> dict:
                         f"front end {times['front_end']:.1f} s, LLVM {times['llvm']:.1f} s, ptxas {times['ptxas']:.1f} s")
                     progress(f"  [{i}/{len(items)}] {name}: {times['total']:.1f} s ({how})")
     seconds = time.perf_counter() - start
-    from .cake_causal_conv1d_det_train_backend.compile_ahead import marker_path
+    from .cake_causal_conv1d_det_train_backend.compile_ahead import write_marker
 
     for problem in problems:  # a training step of these problems need not compile them ahead again
-        path = marker_path(problem, tgt)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(f"{problem}\n")
+        write_marker(problem, tgt)
     hits = sum(r["cache_hit"] for r in results)
     if progress:
         progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {seconds:.1f} s")

@@ -39,6 +39,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+import triton
+from triton.compiler import ASTSource
 
 ENV_THREADS = "CAKECONV_COMPILE_THREADS"
 
@@ -75,13 +77,19 @@ def problem_of(plan):
                          cu_dtype or torch.int32, None if x_stride == plan.C else x_stride)
 
 
+class _OneAtATime(ASTSource):
+    """A kernel's source whose Python code generation holds ``_front_end`` (the same cache key as
+    ASTSource's)."""
+
+    def make_ir(self, *args, **kwargs):
+        with _front_end:
+            return super().make_ir(*args, **kwargs)
+
+
 def compile_problem(problem, target, n_threads: int) -> int:
     """Compile every kernel variant of ``problem``'s training step for ``target`` in ``n_threads``
     threads into Triton's cache (variants already there are found, not compiled); the number of
     variants."""
-    import triton
-    from triton.compiler import ASTSource
-
     from ..warmup import problem_specializations
     from .kernels import launch
 
@@ -89,16 +97,9 @@ def compile_problem(problem, target, n_threads: int) -> int:
     fns = {k.name: k.fn for k in launch.KERNELS}
     items = list(problem_specializations([problem], target).values())
 
-    class OneAtATime(ASTSource):
-        """The kernel's source whose Python code generation holds ``_front_end``."""
-
-        def make_ir(self, *args, **kwargs):
-            with _front_end:
-                return super().make_ir(*args, **kwargs)
-
     def compile_one(item):
         name, (options, signature, constexprs, attrs) = item
-        src = OneAtATime(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs)
+        src = _OneAtATime(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs)
         triton.compile(src, target=target, options=options.__dict__)
 
     with ThreadPoolExecutor(max(1, min(n_threads, len(items)))) as pool:
@@ -109,7 +110,6 @@ def compile_problem(problem, target, n_threads: int) -> int:
 
 def marker_path(problem, target) -> str:
     """The file that says ``problem``'s training-step kernels for ``target`` are in Triton's cache."""
-    import triton
     from triton import knobs
 
     from .kernels import launch
@@ -130,8 +130,14 @@ def _compile_once(problem, target, n: int) -> None:
             compile_problem(problem, target, n)
     finally:
         _local.busy = False
-    os.makedirs(os.path.dirname(marker), exist_ok=True)
-    with open(marker, "w") as f:
+    write_marker(problem, target)
+
+
+def write_marker(problem, target) -> None:
+    """Record that ``problem``'s training-step kernels for ``target`` are in Triton's cache."""
+    path = marker_path(problem, target)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
         f.write(f"{problem}\n")
 
 
