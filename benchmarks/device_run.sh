@@ -21,6 +21,9 @@
 #              (MODELSTEP_ARGS adds options, e.g. "--parts kda")
 #   firststep  the first training step from a cold start, one fresh process and empty Triton cache per library
 #              (COLDSTART_ARGS adds options); then the GPU tests of tests/test_warmup.py and tests/test_compile_ahead.py
+#   hostcost   host time per call of the eager 16-call chain, rung by rung (tools/host_rungs.py --device cuda);
+#              HOSTCOST_BASE: another tree's folder holding its cakeconv/, timed in alternation with this one
+#              (before/after a change); HOSTCOST_ROUNDS (3) alternations; HOSTCOST_ARGS replaces the tool's options
 # Tests
 #   tests      the GPU tests (pytest -m gpu; GPU_TESTS: files or node ids; default every file but the multi-GPU tier
 #              and tests/test_integrations_fla.py, whose FLA kernels autotune on first use: give it a run of its
@@ -141,6 +144,16 @@ for step in "$@"; do
            > "$OUT/firststep/${GPU_TAG}_pytest_gpu_warmup.log" 2>&1
          echo "warm-up GPU tests: rc $?"
          finish firststep $rc "$OUT/firststep/${GPU_TAG}_first_step_table.txt" ;;
+    hostcost) mkdir -p "$OUT/hostcost"; log="$OUT/hostcost/${GPU_TAG}_host_cost.txt"; : > "$log"; rc=0
+         for r in $(seq "${HOSTCOST_ROUNDS:-3}"); do
+           for tree in ${HOSTCOST_BASE:-} "$PWD"; do  # the tool appends this tree after PYTHONPATH: the first wins
+             echo "== $(cd "$tree" && pwd) (round $r)" >> "$log"
+             PYTHONPATH="$tree:$PYTHONPATH" python3 tools/host_rungs.py --device "${HOSTCOST_DEVICE:-cuda}" \
+               ${HOSTCOST_ARGS:---steps 100 --rounds 7} >> "$log" 2>&1 || rc=$?
+           done
+         done
+         grep -E "^==|^# host|^(full|floor|trivial) " "$log" > "$OUT/hostcost/${GPU_TAG}_host_cost_table.txt"
+         finish hostcost $rc "$OUT/hostcost/${GPU_TAG}_host_cost_table.txt" ;;
     tests) dao_ready; log="$OUT/${GPU_TAG}_pytest_gpu.log"
          # workers record the integer arguments the specialization cases launched; the coverage check reads them last
          export CAKECONV_SPEC_SEEN_DIR=/tmp/spec_seen; rm -rf "$CAKECONV_SPEC_SEEN_DIR"

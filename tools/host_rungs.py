@@ -273,7 +273,8 @@ def main(argv=None):
     med = {name: statistics.median(v) for name, v in times.items()}
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
     print(f"# host time per call, {CHAIN}-call chain, forward+backward, S = {S}, C = {C}, {where} "
-          f"({os.cpu_count()} cores), torch {torch.__version__}; median of {args.rounds} interleaved rounds")
+          f"({os.cpu_count()} cores), torch {torch.__version__}; median of {args.rounds} interleaved rounds; "
+          f"cakeconv from {os.path.dirname(os.path.dirname(sys.modules['cakeconv'].__file__))}")
     print(f"{'rung':12s} {'us/call':>8s} {'x trivial':>9s} {'rounds (us)':>12s}")
     for name in rungs:
         spread = ", ".join(f"{v:.0f}" for v in times[name])
