@@ -12,11 +12,13 @@ SCRIPT_START = time.time()  # the first line a process of this module runs: befo
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import cProfile  # noqa: E402
 import datetime  # noqa: E402
 import importlib.metadata  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import pstats  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -37,8 +39,9 @@ ROW_FIELDS = (
     "library", "version", "skip", "error", "warmup_s", "warmup_compiled", "warmup_cache_hits", "startup_s", "import_s",
     "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms", "steady_max_ms", "steady_calls",
     *(f"{p}_{k}" for p in KERNELS for k in ("compiled", "cache_hits")), "triton_compile_s", "warm_cache_import_s",
-    "warm_cache_first_call_s", "warm_cache_first_step_s", "warm_cache_compiled", "warm_cache_cache_hits",
-    "cold_process_s", "warm_process_s", "device", "gpu", "torch", "triton", "date", "commit")
+    "warm_cache_first_call_s", "warm_cache_first_step_s", "warm_cache_compiled", "warm_cache_cache_hits", "gpu",
+    "cold_process_s", "warm_process_s", "profile_process_s", "warm_profile", "device", "torch", "triton", "date",
+    "commit")
 OPTIONS = (  # (name, default, help)
     ("libraries", ",".join(LIBRARIES), "rows, in order: cakeconv, cakeconv_one_thread (CAKECONV_COMPILE_THREADS=1: "
      "each kernel compiled at its first launch), cakeconv_after_warmup (after python -m cakeconv "
@@ -48,6 +51,8 @@ OPTIONS = (  # (name, default, help)
     ("new-channels", 2048, "the new C measured in the same process"),
     ("steady-calls", 20, "fwd+bwd calls after the new shapes (their median and max)"),
     ("warmup-args", "", "more options of python -m cakeconv warmup, e.g. '--jobs 8'"),
+    ("profile-top", 25, "a third process on the warm cache profiles its first fwd+bwd (cProfile): the functions "
+     "of most cumulative time kept in the row (warm_profile); 0: none"),
     ("process-timeout", 300.0, "seconds per process at most"), ("time-limit", 0.0, "seconds for the whole run"),
     ("out", ".", "folder for NAME.json and NAME_table.txt"), ("name", "first_step", "the result files' NAME"))
 
@@ -157,6 +162,11 @@ def fwd_bwd(op, d, sync) -> float:
     return time.perf_counter() - t0
 
 
+def profile_top(prof, n: int) -> list:  # the n functions of most cumulative time: [cumulative s, own s, calls, name]
+    return sorted(([round(ct, 4), round(tt, 4), nc, f"{os.path.basename(f)}:{line}({fn})"] for (f, line, fn),
+                   (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()), reverse=True)[:n]
+
+
 def child_main(args) -> None:
     """A measured process, cold (every measure) or warm (the first step); --child-out is rewritten after each."""
     out = {"library": args.child, "phase": args.phase, "startup_s": SCRIPT_START - args.spawn_time}
@@ -178,6 +188,11 @@ def child_main(args) -> None:
     base = make_inputs(S, C, device, prepare)
     sync()
     out["inputs_s"] = time.perf_counter() - t0  # the CUDA start-up falls here
+    if args.phase == "profile":  # where a warm process's first fwd+bwd spends its time (it runs under cProfile)
+        prof = cProfile.Profile()
+        out["first_call_s"] = prof.runcall(fwd_bwd, op, base, sync)
+        out["profile_top"] = profile_top(prof, args.profile_top)
+        return write_json(args.child_out, out)
     out["first_call_s"] = fwd_bwd(op, base, sync)
     out["first_step_s"] = time.time() - args.spawn_time
     out["first_step_compiled"], out["first_step_cache_hits"] = counter.since(0)
@@ -283,6 +298,10 @@ def measure_row(args, library: str, work: str) -> dict:
     if row["first_step_s"] is None:  # the cache may hold nothing yet: no warm-cache process
         return row
     warm, rc = child("warm")
+    if args.profile_top > 0 and warm.get("first_step_s") is not None:
+        row["warm_profile"] = child("profile")[0].get("profile_top")
+        for ct, tt, nc, name in (row["warm_profile"] or [])[:12]:
+            progress(f"{library}: warm first call, cProfile: {ct:8.3f} s cumulative, {tt:8.3f} s own, {nc:>6} {name}")
     row.update({f"warm_cache_{k}": warm.get(k) for k in ("import_s", "first_call_s", "first_step_s")})
     row.update({f"warm_cache_{k}": warm.get(f"first_step_{k}") for k in ("compiled", "cache_hits")})
     if rc != 0 or warm.get("first_step_s") is None:

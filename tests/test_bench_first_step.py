@@ -61,6 +61,10 @@ def test_dry_run_rows(tmp_path, bench):
     assert cake["startup_s"] >= 0 and cake["cold_process_s"] >= cake["first_step_s"]
     assert cake["steady_max_ms"] >= cake["steady_ms"]
     assert all(cake[k] == 0 for k in COUNTS), {k: cake[k] for k in COUNTS}  # the reference backend compiles nothing
+    # a third process on the warm cache profiled its first fwd+bwd: the call itself heads the list
+    top = cake["warm_profile"]
+    assert cake["profile_process_s"] > 0 and 0 < len(top) <= 25 and "fwd_bwd" in top[0][3], top[:3]
+    assert all(a[0] >= b[0] for a, b in zip(top, top[1:])), "not sorted by cumulative time"
     for r in rows[1:]:
         assert r["skip"].startswith("dry run: ")
         assert all(r[k] is None for k in MEASURES + COUNTS)
