@@ -25,7 +25,7 @@
 #              HOSTCOST_BASE: another tree's folder holding its cakeconv/, timed in alternation with this one
 #              (before/after a change); HOSTCOST_ROUNDS (3) alternations; HOSTCOST_ARGS replaces the tool's options
 # Tests
-#   tests      the GPU tests (pytest -m gpu; GPU_TESTS: files or node ids; default every file but the multi-GPU tier
+#   tests      the GPU tests (pytest -m gpu, CAKECONV_COMPILE_THREADS=1; GPU_TESTS: files or node ids; default every file but the multi-GPU tier
 #              and tests/test_integrations_fla.py, whose FLA kernels autotune on first use: give it a run of its
 #              own), XDIST (6) workers spread over the GPUs, until GPU_TESTS_S (540 s), then the specialization
 #              coverage check; mamba_ssm's test finds its source package through `peers`; what the limit cut off
@@ -161,7 +161,11 @@ for step in "$@"; do
          per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout ${TEST_TIMEOUT_S:-300}")
          python3 -m pytest --collect-only -q $args -k "not every_integer_argument" ${GPU_TESTS:-tests --ignore=tests/test_integrations_fla.py} 2>/dev/null \
            | grep :: | sort > /tmp/gpu_all.txt
-         CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) timeout "${GPU_TESTS_S:-540}" python3 -m pytest -v -rf --tb=short \
+         # each worker compiles only the kernels its tests launch (CAKECONV_COMPILE_THREADS=1): with the side-by-side
+         # compile on, every new problem of every worker would compile all its variants in 16 threads at once;
+         # tests/test_compile_ahead.py clears the variable for the processes that test that compile
+         CAKECONV_COMPILE_THREADS=${CAKECONV_COMPILE_THREADS:-1} CAKECONV_TEST_GPUS=$(nvidia-smi -L | wc -l) \
+           timeout "${GPU_TESTS_S:-540}" python3 -m pytest -v -rf --tb=short \
            $args -k "not every_integer_argument" -n "${XDIST:-6}" --dist load --durations=15 $per_test \
            ${GPU_TESTS:-tests --ignore=tests/test_integrations_fla.py} > "$log" 2>&1
          echo "GPU tests: rc $?"; grep -E "FAILED|ERROR| passed| failed" "$log" | tail -20
