@@ -13,7 +13,7 @@
 #   summary    the README's table: cakeconv, FLA, Dao in both modes (dao, dao_det); seed mix and uniform 1-64,
 #              S = 250,340, C = 128, 512, 2048; fwd and fwd+bwd; eager loop (seed, C = 128, 512); host cost
 #   mixes      the document mixes (seed, uniform 1-8 / 1-64 / 1-1024, ones) x C = 128, 256, 512, 2048; fwd, fwd+bwd
-#   widths     W = 2, 3, 4, 5, 7, 8 x SiLU / none, seed and uniform 1-64, C = 512 and 2048; fwd, fwd+bwd
+#   widths     W = 2, 3, 4, 5, 7, 8 x SiLU / none, seed and uniform 1-64, C = 512 and 2048; fwd, fwd+bwd (WIDTHS: a subset)
 #   grid       the seed grid: every C of benchmarks/README.md's grid, with and without bias (GRID_ARGS adds options)
 #   kcp        torchrun on NGPU (2) GPUs: KCP against the local op, every layout, S_local = 65,536, C = 4,096,
 #              and the seed workload
@@ -35,7 +35,8 @@
 # Examples:  bash benchmarks/device_run.sh peers summary          NGPU=2 bash benchmarks/device_run.sh kcp
 #            GPU_TESTS="tests/test_integrations_dao.py tests/test_integrations_mamba_ssm.py" \
 #              bash benchmarks/device_run.sh peers tests
-# BENCH_ARGS is appended to every `benchmarks.op` command (BENCH_ARGS=--dry-run tries the op steps on a CPU);
+# OP_S: a time limit (s) for each `benchmarks.op` command, so that its step still packs what it wrote (rows so far in
+# <name>.partial.jsonl). BENCH_ARGS is appended to every `benchmarks.op` command (BENCH_ARGS=--dry-run tries the op steps on a CPU);
 # BENCH_COMMIT is the commit the rows record when the tree has no .git.
 set -u
 OUT=${OUT:-./device_out}
@@ -82,7 +83,8 @@ finish() {  # finish STEP RC TABLE...: pack $OUT/STEP into $OUT/STEP.tgz, then p
 op() {  # op STEP NAME OPTIONS...: python -m benchmarks.op into $OUT/STEP
   local step=$1 name=$2; shift 2
   dao_ready; mkdir -p "$OUT/$step"
-  python3 -m benchmarks.op "$@" $BENCH_ARGS --out "$OUT/$step" --name "$name" > "$OUT/$step/bench.log" 2> "$OUT/$step/progress.log"
+  timeout "${OP_S:-0}" python3 -m benchmarks.op "$@" $BENCH_ARGS --out "$OUT/$step" --name "$name" \
+    > "$OUT/$step/bench.log" 2> "$OUT/$step/progress.log"
   finish "$step" $? "$OUT/$step/${name}_table.txt"
 }
 
@@ -110,15 +112,18 @@ for step in "$@"; do
     widths) # FLA's kernels of every (W, activation) compiled first, in parallel processes beside cakeconv's warm-up, at
          # S / 10 (the same specializations, a tenth of the memory) and with FLA_CACHE_RESULTS=0, so that its autotuning
          # choices, timed under that load, stay out of its disk cache: the timed run autotunes alone
+         # WIDTHS (2,3,4,5,7,8) splits the step over calls of 10 minutes (e.g. 2,3,4 then 4,5,7,8: W = 4 in both);
+         # a subset's files are named <gpu>_widths_w<the widths>
+         ws=${WIDTHS:-2,3,4,5,7,8}; name="${GPU_TAG}_widths"; [ "$ws" != 2,3,4,5,7,8 ] && name="${name}_w${ws//,/}"
          mkdir -p /tmp/widthwarm
-         for w in 2 3 4 5 7 8; do for a in silu none; do
+         for w in ${ws//,/ }; do for a in silu none; do
            FLA_CACHE_RESULTS=0 python3 -m benchmarks.op --providers fla --rows "$((S0 / 10))x512,$((S0 / 10))x2048" \
              --doc-mix seed --width $w --activation $a --bias no --passes fwd,fwdbwd --reps 1 --warmup 1 --no-check \
              --no-plot --max-sets 2 $BENCH_ARGS --out /tmp/widthwarm/fla_${w}_$a > /tmp/widthwarm/fla_${w}_$a.log 2>&1 &
          done; done
-         warm widths --channels 512,2048 --bias no --width 2,3,4,5,7,8 --activation silu,none; wait
-         op widths "${GPU_TAG}_widths" --providers ours,fla,dao,dao_det --doc-mix seed,uniform:1-64 \
-           --rows "${S0}x512,${S0}x2048" --width 2,3,4,5,7,8 --activation silu,none --bias no --passes fwd,fwdbwd --reps 15 ;;
+         warm widths --channels 512,2048 --bias no --width "$ws" --activation silu,none; wait
+         op widths "$name" --providers ours,fla,dao,dao_det --doc-mix seed,uniform:1-64 \
+           --rows "${S0}x512,${S0}x2048" --width "$ws" --activation silu,none --bias no --passes fwd,fwdbwd --reps 15 ;;
     grid) warm grid --channels 128,256,512,1024,1160,1280,1344,1536,2048,2560,4096,8192 --bias both
            op grid "${GPU_TAG}_grid_seed" ${GRID_ARGS:-} ;;
     kcp) dao_ready; mkdir -p "$OUT/kcp"; tag=${GPU_TAG}x${NGPU}; rc=0
@@ -146,7 +151,8 @@ for step in "$@"; do
          finish firststep $rc "$OUT/firststep/${GPU_TAG}_first_step_table.txt" ;;
     hostcost) mkdir -p "$OUT/hostcost"; log="$OUT/hostcost/${GPU_TAG}_host_cost.txt"; : > "$log"; rc=0
          for r in $(seq "${HOSTCOST_ROUNDS:-3}"); do
-           for tree in ${HOSTCOST_BASE:-} "$PWD"; do  # the tool appends this tree after PYTHONPATH: the first wins
+           trees="${HOSTCOST_BASE:-} $PWD"; [ $((r % 2)) -eq 0 ] && trees="$PWD ${HOSTCOST_BASE:-}"  # order alternates
+           for tree in $trees; do  # the tool appends this tree after PYTHONPATH: the first wins
              echo "== $(cd "$tree" && pwd) (round $r)" >> "$log"
              PYTHONPATH="$tree:$PYTHONPATH" python3 tools/host_rungs.py --device "${HOSTCOST_DEVICE:-cuda}" \
                ${HOSTCOST_ARGS:---steps 100 --rounds 7} >> "$log" 2>&1 || rc=$?
