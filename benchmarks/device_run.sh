@@ -112,7 +112,7 @@ for step in "$@"; do
     widths) # FLA's kernels of every (W, activation) compiled first, in parallel processes beside cakeconv's warm-up, at
          # S / 10 (the same specializations, a tenth of the memory) and with FLA_CACHE_RESULTS=0, so that its autotuning
          # choices, timed under that load, stay out of its disk cache: the timed run autotunes alone
-         # WIDTHS (2,3,4,5,7,8) splits the step over calls of 10 minutes (e.g. 2,3,4 then 4,5,7,8: W = 4 in both);
+         # WIDTHS (2,3,4,5,7,8) splits the step over calls of 10 minutes (e.g. 2,3,4,5 then 4,7 then 4,8: W = 4 in each);
          # a subset's files are named <gpu>_widths_w<the widths>
          ws=${WIDTHS:-2,3,4,5,7,8}; name="${GPU_TAG}_widths"; [ "$ws" != 2,3,4,5,7,8 ] && name="${name}_w${ws//,/}"
          mkdir -p /tmp/widthwarm
@@ -121,8 +121,10 @@ for step in "$@"; do
              --doc-mix seed --width $w --activation $a --bias no --passes fwd,fwdbwd --reps 1 --warmup 1 --no-check \
              --no-plot --max-sets 2 $BENCH_ARGS --out /tmp/widthwarm/fla_${w}_$a > /tmp/widthwarm/fla_${w}_$a.log 2>&1 &
          done; done
-         warm widths --channels 512,2048 --bias no --width "$ws" --activation silu,none; wait
-         op widths "$name" --providers ours,fla,dao,dao_det --doc-mix seed,uniform:1-64 \
+         # only the variants of the run's token count (about half: W = 7 and 8 compile for minutes each), and the
+         # run's first steps without the side-by-side compile of each problem's whole set
+         warm widths --channels 512,2048 --bias no --width "$ws" --activation silu,none --tokens "$S0"; wait
+         CAKECONV_COMPILE_THREADS=1 op widths "$name" --providers ours,fla,dao,dao_det --doc-mix seed,uniform:1-64 \
            --rows "${S0}x512,${S0}x2048" --width "$ws" --activation silu,none --bias no --passes fwd,fwdbwd --reps 15 ;;
     grid) warm grid --channels 128,256,512,1024,1160,1280,1344,1536,2048,2560,4096,8192 --bias both
            op grid "${GPU_TAG}_grid_seed" ${GRID_ARGS:-} ;;

@@ -100,14 +100,17 @@ class WarmupProblem:
                 f"W={self.width} act={self.activation} {how}")
 
 
-def _calls(problem: WarmupProblem):
-    """(x shape, cu_seqlens list or None) of the representative calls of a problem."""
+def _calls(problem: WarmupProblem, tokens=None):
+    """(x shape, cu_seqlens list or None) of the representative calls of a problem: one and two groups
+    of the dweight tree, packed with few and many documents and ``[B, T, C]``; or, given ``tokens``,
+    the packed calls (few and many documents) at those token counts only."""
     few = lambda S: [0, S // 3, S]  # noqa: E731
     many = lambda S: list(range(0, S, SHORT_DOC)) + [S]  # noqa: E731
-    for S in (ONE_GROUP_S, MULTI_GROUP_S):
+    for S in tokens or (ONE_GROUP_S, MULTI_GROUP_S):
         yield (S, problem.C), few(S)
         yield (S, problem.C), many(S)
-        yield (2, S // 2, problem.C), None
+        if not tokens:
+            yield (2, S // 2, problem.C), None
 
 
 def _mamba_ssm_pair_step(problem: WarmupProblem, shape, cu) -> None:
@@ -131,7 +134,7 @@ def _mamba_ssm_pair_step(problem: WarmupProblem, shape, cu) -> None:
     dao.causal_conv1d_bwd_function(x_BDT, w, b, dout_BDT, seq_idx, None, None, dx_BDT, False, silu, backend="triton")
 
 
-def _record(problem: WarmupProblem) -> list:
+def _record(problem: WarmupProblem, tokens=None) -> list:
     """The launches of the problem's representative forward + backward calls (nothing runs)."""
     from . import cake_causal_conv1d_det
     from .cake_causal_conv1d_det_train_backend import checks, conv
@@ -141,7 +144,7 @@ def _record(problem: WarmupProblem) -> list:
     saved, saved_plans = checks.INTERPRET, dict(conv._plans)
     checks.INTERPRET = True  # the Triton backend takes CPU tensors: they are only recorded
     try:
-        for shape, cu in _calls(problem):
+        for shape, cu in _calls(problem, tokens):
             if problem.mamba_ssm_row_stride is not None:
                 with launch.record_launches() as recorded:
                     _mamba_ssm_pair_step(problem, shape, cu)
@@ -162,13 +165,14 @@ def _record(problem: WarmupProblem) -> list:
     return launches
 
 
-def problem_specializations(problems, target) -> dict:
-    """{(kernel name, specialization text): (kernel name, specialization)} of the problems' launches."""
+def problem_specializations(problems, target, tokens=None) -> dict:
+    """{(kernel name, specialization text): (kernel name, specialization)} of the problems' launches
+    (``tokens``: of the packed calls at those token counts only)."""
     from .cake_causal_conv1d_det_train_backend.kernels.specialization import triton_specialization
 
     found = {}
     for problem in problems:
-        for r in _record(problem):
+        for r in _record(problem, tokens):
             spec = triton_specialization(r.kernel.fn, r.args, r.options, target)
             options, signature, constexprs, attrs = spec
             text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
@@ -202,7 +206,7 @@ def _parse_target(text):
     return cuda_target(int(digits))
 
 
-def warmup(problems, *, target="auto", jobs=None, progress=print) -> dict:
+def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -> dict:
     """Compile every kernel variant the problems' training steps launch into Triton's cache.
 
     Args:
@@ -211,6 +215,12 @@ def warmup(problems, *, target="auto", jobs=None, progress=print) -> dict:
         target: "auto" (the current CUDA device) or "sm_<capability>" (no GPU needed, e.g. "sm_90").
         jobs: parallel compile processes (default: the CPU count, at most the number of kernels).
         progress: called with one line per kernel compiled (None: silent).
+        tokens: None (every variant a step of any token count may launch), or token counts S: only
+            what packed calls (``cu_seqlens``, few or many documents) of those counts launch, about
+            half the variants (no ``[B, T, C]`` form; one group of the dweight tree or two, not
+            both). Such a warm-up writes no marker (``compile_ahead.py``): a first training step
+            still compiles the problem's whole set side by side, unless ``CAKECONV_COMPILE_THREADS``
+            is 0 or 1 (each kernel then compiles, or is found in the cache, at its first launch).
 
     Returns:
         {"target", "kernels": [{"kernel", "front_end", "llvm", "ptxas", "total", "cache_hit"}...],
@@ -227,12 +237,17 @@ def warmup(problems, *, target="auto", jobs=None, progress=print) -> dict:
     for p in problems:
         if not isinstance(p, WarmupProblem):
             raise ValueError(f"problems must be WarmupProblem objects or channel counts, got {p!r}")
+    if tokens is not None:
+        tokens = tuple(tokens)
+        bad = [S for S in tokens if isinstance(S, bool) or not isinstance(S, int) or S < SHORT_DOC]
+        if not tokens or bad:
+            raise ValueError(f"tokens must be None or token counts of at least {SHORT_DOC}, got {tokens!r}")
     tgt = _parse_target(target)
     from .cake_causal_conv1d_det_train_backend.kernels import launch
 
     launch.cache_keys_in_fixed_order()  # before anything hashes a kernel (launch.py); the workers inherit them
     start = time.perf_counter()
-    specs = problem_specializations(problems, tgt)
+    specs = problem_specializations(problems, tgt, tokens)
     items = [(name, spec, tgt) for name, spec in specs.values()]
     n_jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
     if progress:
@@ -255,7 +270,7 @@ def warmup(problems, *, target="auto", jobs=None, progress=print) -> dict:
     seconds = time.perf_counter() - start
     from .cake_causal_conv1d_det_train_backend.compile_ahead import write_marker
 
-    for problem in problems:  # a training step of these problems need not compile them ahead again
+    for problem in problems if tokens is None else ():  # a step of these problems need not compile them ahead again
         write_marker(problem, tgt)
     hits = sum(r["cache_hit"] for r in results)
     if progress:
@@ -287,6 +302,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mamba-ssm-row-stride", default="", help="warm each --channels entry as the convolution of "
                     "mamba_ssm's fused paths (cakeconv.integrations.mamba_ssm), on x rows this many elements apart: "
                     "Mamba2's d_in_proj (comma-separated, one per --channels entry)")
+    ap.add_argument("--tokens", default="", help="only the variants packed calls of these token counts launch "
+                    "(comma-separated, e.g. 250340): about half; no marker, see warmup(tokens=...)")
     ap.add_argument("--target", default="auto", help="auto (this GPU) or sm_<capability>, e.g. sm_90 (no GPU needed)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel compile processes (default: CPU count)")
     ap.add_argument("--json", default=None, help="also write the report (per kernel: stage times) to this file")
@@ -310,7 +327,8 @@ def main(argv=None) -> int:
                     for C, stride_list in layouts for stride in stride_list for d in dtypes for wd in wdtypes
                     for b in biases for W in _list(a.width, int) for act in acts
                     for cu in (cu_dtypes if stride is None else cu_dtypes[:1])]
-        report = warmup(problems, target=a.target, jobs=a.jobs, progress=lambda line: print(line, flush=True))
+        report = warmup(problems, target=a.target, jobs=a.jobs, progress=lambda line: print(line, flush=True),
+                        tokens=_list(a.tokens, int) or None)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

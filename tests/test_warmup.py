@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from cakeconv import cake_causal_conv1d_det, warmup as warmup_module
-from cakeconv.cake_causal_conv1d_det_train_backend import checks
+from cakeconv.cake_causal_conv1d_det_train_backend import checks, compile_ahead
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import (
     cuda_target,
@@ -109,7 +109,7 @@ def test_warmup_compiles_into_the_cache_and_finds_it_again(tmp_path, monkeypatch
     every = problem_specializations([WarmupProblem(256)], SM90)
     cheap = {k: v for k, v in every.items() if k[0] in ("cake_segment_ids_kernel", "cake_conv_bwd_group_kernel")}
     assert len(cheap) == 2
-    monkeypatch.setattr(warmup_module, "problem_specializations", lambda problems, target: cheap)
+    monkeypatch.setattr(warmup_module, "problem_specializations", lambda problems, target, tokens=None: cheap)
     lines = []
     first = warmup([256], target="sm_90", jobs=2, progress=lines.append)
     assert first["compiled"] == 2 and first["cache_hits"] == 0 and first["target"] == "sm_90"
@@ -118,6 +118,32 @@ def test_warmup_compiles_into_the_cache_and_finds_it_again(tmp_path, monkeypatch
     again = warmup([256], target="sm_90", jobs=2, progress=None)
     assert again["compiled"] == 0 and again["cache_hits"] == 2
     assert {k["cache_key"] for k in again["kernels"]} == {k["cache_key"] for k in first["kernels"]}
+    # the marker tells a first training step that the problem's whole set is there: a warm-up of some
+    # token counts' variants only must not write it
+    marker = compile_ahead.marker_path(WarmupProblem(256), SM90)
+    assert os.path.exists(marker)
+    os.remove(marker)
+    partial = warmup([256], target="sm_90", jobs=1, progress=None, tokens=[250340])
+    assert partial["cache_hits"] == 2 and not os.path.exists(marker)
+
+
+@pytest.mark.parametrize("problem", [WarmupProblem(512), WarmupProblem(256, width=8, activation=None)], ids=str)
+def test_warmup_for_token_counts_covers_their_packed_calls(problem):
+    """``tokens``: a subset of the full set, about half of it, that still covers packed calls of those
+    token counts with any number of documents (one group of the dweight tree and two)."""
+    full = {text for _, text in problem_specializations([problem], SM90)}
+    for S in (5000, 20000):
+        part = {text for _, text in problem_specializations([problem], SM90, (S,))}
+        assert part < full and len(part) <= len(full) * 0.6, (len(part), len(full))
+        for n_docs in (1, 7, S // 3):
+            for r in _training_launches(problem, S, n_docs):
+                options, signature, constexprs, attrs = triton_specialization(r.kernel.fn, r.args, r.options, SM90)
+                text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
+                             sorted(options.__dict__.items())))
+                assert text in part, f"{r.kernel.name} of S={S}, {n_docs} documents is not in the tokens={S} set"
+    for bad in ((), (0,), (True,), ("4096",)):
+        with pytest.raises(ValueError, match="tokens must be"):
+            warmup([512], target="sm_90", progress=None, tokens=bad)
 
 
 _KEYS_AFTER = """
@@ -162,6 +188,8 @@ def test_warmup_command_line_and_errors(tmp_path):
         WarmupProblem(512, activation="relu")
     out = run("--channels", "512", "--width", "1")
     assert out.returncode == 2 and "width=1" in out.stderr
+    out = run("--channels", "512", "--tokens", "2")
+    assert out.returncode == 2 and "tokens must be" in out.stderr
     out = run("--channels", "512,1024", "--mamba-ssm-row-stride", "1040")
     assert out.returncode == 2 and "one stride per --channels entry" in out.stderr
     with pytest.raises(ValueError, match="problems must be"):
