@@ -130,6 +130,27 @@ def test_a_later_process_finds_the_marker_and_asks_nothing(asked, monkeypatch):
     assert len(asked) == 2
 
 
+def test_the_compile_says_when_it_starts_and_ends(asked, caplog, monkeypatch):
+    """A compile of minutes must not look like a hang: two lines on the "cakeconv" logger, at WARNING in
+    a single process (and on rank 0), INFO on other ranks; a marker found says nothing."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="cakeconv"):
+        _step(64, 16)
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("cakeconv")]
+        assert [lv for lv, _ in lines] == [logging.WARNING, logging.WARNING], lines
+        assert "compiling the training step's kernels of C=16" in lines[0][1] and "sm_90" in lines[0][1]
+        assert f"{asked[0][5]} kernel variants of C=16" in lines[1][1] and " ready in " in lines[1][1]
+        caplog.clear()
+        monkeypatch.setattr(compile_ahead, "_done", {})  # a new process: the marker is there now
+        conv._plans.clear()
+        _step(64, 16)
+        assert not [r for r in caplog.records if r.name.startswith("cakeconv")]
+        monkeypatch.setattr(compile_ahead, "_leading_process", lambda: False)  # a rank other than 0
+        _step(64, 24)
+        assert [r.levelno for r in caplog.records if r.name.startswith("cakeconv")] == [logging.INFO] * 2
+
+
 def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
     import threading
     import time

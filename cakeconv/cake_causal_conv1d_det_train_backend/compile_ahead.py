@@ -28,13 +28,21 @@ themselves.
 ``CAKECONV_COMPILE_THREADS``: the number of threads (default: the CPU count, at most the number of
 variants); ``0`` or ``1`` turns this off (each kernel compiles on its first launch). A failure here
 is reported once as a warning and the launches compile what they need, as without it.
+
+A compile here takes from seconds to minutes (the backward's variants grow fast with W), so it says
+so when it starts and when it ends, through the ``cakeconv`` logger: at WARNING level in a single
+process or on rank 0 of a process group (Python prints those to stderr when logging is not
+configured), at INFO on the other ranks. ``logging.getLogger("cakeconv").setLevel(logging.ERROR)``
+silences it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,6 +57,7 @@ _lock = threading.Lock()
 _front_end = threading.Lock()  # Triton's Python code generation (ast.parse), one thread at a time
 _local = threading.local()
 _warned = False
+_log = logging.getLogger(__name__)  # under "cakeconv"
 
 
 def threads() -> int:
@@ -124,13 +133,25 @@ def _compile_once(problem, target, n: int) -> None:
     marker = marker_path(problem, target)
     if os.path.exists(marker):  # the launches load the kernels from the cache
         return
+    level = logging.WARNING if _leading_process() else logging.INFO
+    _log.log(level, "cakeconv: compiling the training step's kernels of %s for sm_%s in up to %d threads (once per "
+             "problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)", problem, target.arch, n)
+    start = time.perf_counter()
     _local.busy = True
     try:
         with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
-            compile_problem(problem, target, n)
+            count = compile_problem(problem, target, n)
     finally:
         _local.busy = False
     write_marker(problem, target)
+    _log.log(level, "cakeconv: %s kernel variants of %s ready in %.1f s", count, problem, time.perf_counter() - start)
+
+
+def _leading_process() -> bool:
+    """True in a single process and on rank 0 of an initialized process group."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 def write_marker(problem, target) -> None:
