@@ -121,10 +121,9 @@ for step in "$@"; do
              --doc-mix seed --width $w --activation $a --bias no --passes fwd,fwdbwd --reps 1 --warmup 1 --no-check \
              --no-plot --max-sets 2 $BENCH_ARGS --out /tmp/widthwarm/fla_${w}_$a > /tmp/widthwarm/fla_${w}_$a.log 2>&1 &
          done; done
-         # only the variants of the run's token count (about half: W = 7 and 8 compile for minutes each), and the
-         # run's first steps without the side-by-side compile of each problem's whole set
+         # only the variants of the run's token count (about half: W = 7 and 8 compile for minutes each)
          warm widths --channels 512,2048 --bias no --width "$ws" --activation silu,none --tokens "$S0"; wait
-         CAKECONV_COMPILE_THREADS=1 op widths "$name" --providers ours,fla,dao,dao_det --doc-mix seed,uniform:1-64 \
+         op widths "$name" --providers ours,fla,dao,dao_det --doc-mix seed,uniform:1-64 \
            --rows "${S0}x512,${S0}x2048" --width "$ws" --activation silu,none --bias no --passes fwd,fwdbwd --reps 15 ;;
     grid) warm grid --channels 128,256,512,1024,1160,1280,1344,1536,2048,2560,4096,8192 --bias both
            op grid "${GPU_TAG}_grid_seed" ${GRID_ARGS:-} ;;

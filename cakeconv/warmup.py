@@ -100,6 +100,15 @@ class WarmupProblem:
                 f"W={self.width} act={self.activation} {how}")
 
 
+def regime_tokens(S: int) -> tuple:
+    """The representative token count of S's regime: ``(ONE_GROUP_S,)`` where the backward's dweight tree
+    has one group (S <= 8,192: the one-group kernel), else ``(MULTI_GROUP_S,)`` (the main and the group
+    kernel). Packed calls launch the same variants at every S of a regime."""
+    from .cake_causal_conv1d_det_train_backend.kernels.backward import BWD_SUB, TREE_LEAVES
+
+    return (ONE_GROUP_S,) if S <= TREE_LEAVES * BWD_SUB else (MULTI_GROUP_S,)
+
+
 def _calls(problem: WarmupProblem, tokens=None):
     """(x shape, cu_seqlens list or None) of the representative calls of a problem: one and two groups
     of the dweight tree, packed with few and many documents and ``[B, T, C]``; or, given ``tokens``,
@@ -217,10 +226,10 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
         progress: called with one line per kernel compiled (None: silent).
         tokens: None (every variant a step of any token count may launch), or token counts S: only
             what packed calls (``cu_seqlens``, few or many documents) of those counts launch, about
-            half the variants (no ``[B, T, C]`` form; one group of the dweight tree or two, not
-            both). Such a warm-up writes no marker (``compile_ahead.py``): a first training step
-            still compiles the problem's whole set side by side, unless ``CAKECONV_COMPILE_THREADS``
-            is 0 or 1 (each kernel then compiles, or is found in the cache, at its first launch).
+            half the variants (no ``[B, T, C]`` form; one group of the dweight tree or more, as S
+            needs: ``regime_tokens``). The markers it writes then name those regimes
+            (``compile_ahead.py``): a first training step of packed rows in one of them compiles
+            nothing; a step of another layout or regime compiles what it needs.
 
     Returns:
         {"target", "kernels": [{"kernel", "front_end", "llvm", "ptxas", "total", "cache_hit"}...],
@@ -270,8 +279,10 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
     seconds = time.perf_counter() - start
     from .cake_causal_conv1d_det_train_backend.compile_ahead import write_marker
 
-    for problem in problems if tokens is None else ():  # a step of these problems need not compile them ahead again
-        write_marker(problem, tgt)
+    regimes = [None] if tokens is None else sorted({regime_tokens(S) for S in tokens})
+    for problem in problems:  # a step of these problems (in these regimes) need not compile them ahead again
+        for regime in regimes if problem.mamba_ssm_row_stride is None or tokens is None else ():
+            write_marker(problem, tgt, regime)
     hits = sum(r["cache_hit"] for r in results)
     if progress:
         progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {seconds:.1f} s")
@@ -303,7 +314,7 @@ def main(argv=None) -> int:
                     "mamba_ssm's fused paths (cakeconv.integrations.mamba_ssm), on x rows this many elements apart: "
                     "Mamba2's d_in_proj (comma-separated, one per --channels entry)")
     ap.add_argument("--tokens", default="", help="only the variants packed calls of these token counts launch "
-                    "(comma-separated, e.g. 250340): about half; no marker, see warmup(tokens=...)")
+                    "(comma-separated, e.g. 250340): about half, see warmup(tokens=...)")
     ap.add_argument("--target", default="auto", help="auto (this GPU) or sm_<capability>, e.g. sm_90 (no GPU needed)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel compile processes (default: CPU count)")
     ap.add_argument("--json", default=None, help="also write the report (per kernel: stage times) to this file")

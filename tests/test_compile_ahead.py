@@ -29,7 +29,7 @@ from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backwa
 from cakeconv import warmup as warmup_module
 from cakeconv.cake_causal_conv1d_det_train_backend import compile_ahead, conv
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import cuda_target
-from cakeconv.warmup import WarmupProblem
+from cakeconv.warmup import MULTI_GROUP_S, ONE_GROUP_S, WarmupProblem, regime_tokens
 from tests.helpers import MAMBA_PAIR_STEPS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,8 +46,8 @@ def test_threads_from_the_environment(monkeypatch):
         compile_ahead.threads()
 
 
-def _plan(x_stride=512, b_dtype=None, device_index=0, fwd=object(), cu_dtype=torch.int64):
-    return types.SimpleNamespace(fwd=fwd, device_index=device_index, C=512, dtype=torch.bfloat16, W=3,
+def _plan(x_stride=512, b_dtype=None, device_index=0, fwd=object(), cu_dtype=torch.int64, S=100):
+    return types.SimpleNamespace(fwd=fwd, device_index=device_index, S=S, C=512, dtype=torch.bfloat16, W=3,
                                  activation=None, _layout=(x_stride, torch.float32, b_dtype, cu_dtype, 5))
 
 
@@ -69,14 +69,15 @@ def asked(monkeypatch, tmp_path):
     representative calls (as the real one does) and compiles nothing."""
     calls = []
 
-    def compile_problem(problem, target, n_threads):
-        specs = warmup_module.problem_specializations([problem], target)
-        calls.append((problem.C, problem.width, problem.activation, target.arch, n_threads, len(specs)))
+    def compile_problem(problem, target, n_threads, tokens=None):
+        specs = warmup_module.problem_specializations([problem], target, tokens)
+        calls.append((problem.C, problem.width, problem.activation, target.arch, n_threads, len(specs), tokens))
         return len(specs)
 
     monkeypatch.setattr(compile_ahead, "_done", {})
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(
         plan.C, plan.dtype, torch.float32, False, plan.W, plan.activation, torch.int32))
+    monkeypatch.setattr(compile_ahead, "tokens_of", lambda plan: regime_tokens(plan.S))  # packed, cu_seqlens
     monkeypatch.setattr(compile_ahead, "compile_problem", compile_problem)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv(compile_ahead.ENV_THREADS, "4")
@@ -97,18 +98,22 @@ def _step(S, C, W=4, activation="silu", seed=0):
 
 def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
     first = _step(64, 16)
-    assert asked == [(16, 4, "silu", 90, 4, asked[0][5])] and asked[0][5] >= 8  # the problem's variants
+    one_group = len(warmup_module.problem_specializations([WarmupProblem(16)], SM90, (ONE_GROUP_S,)))
+    assert asked == [(16, 4, "silu", 90, 4, one_group, (ONE_GROUP_S,))] and one_group == 5  # the regime's variants
     assert all(sig[3] != torch.device("cpu") or sig[-2] != "triton" for sig in conv._plans)  # no recording plan kept
-    _step(100, 16, seed=1)  # other token and document counts: the same problem
+    _step(100, 16, seed=1)  # other token and document counts in the regime: the same problem
     assert len(asked) == 1
+    _step(9000, 16)  # several groups of the dweight tree: that regime's variants, once
+    _step(20000, 16, seed=2)
+    assert asked[1][5:] == (6, (MULTI_GROUP_S,)) and len(asked) == 2
     _step(64, 24)
     _step(64, 16, W=3, activation=None)
-    assert [a[:3] for a in asked[1:]] == [(24, 4, "silu"), (16, 3, None)]
+    assert [a[:3] for a in asked[2:]] == [(24, 4, "silu"), (16, 3, None)]
     monkeypatch.setattr(compile_ahead, "_done", {})
     conv._plans.clear()
     monkeypatch.setenv(compile_ahead.ENV_THREADS, "0")
     again = _step(64, 16)  # off: the same step, nothing asked
-    assert len(asked) == 3
+    assert len(asked) == 4
     for a, b in zip(first, again):
         assert torch.equal(a, b)
 
@@ -117,7 +122,7 @@ def test_a_later_process_finds_the_marker_and_asks_nothing(asked, monkeypatch):
     _step(64, 16)
     assert len(asked) == 1
     marker = compile_ahead.marker_path(WarmupProblem(16, torch.bfloat16, torch.float32, False, 4, "silu",
-                                                     torch.int32), SM90)
+                                                     torch.int32), SM90, (ONE_GROUP_S,))
     assert os.path.exists(marker)
     monkeypatch.setattr(compile_ahead, "_done", {})  # a new process: nothing done in it yet
     conv._plans.clear()
@@ -157,15 +162,15 @@ def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
 
     started, events = threading.Event(), []
 
-    def slow(problem, target, n_threads):
+    def slow(problem, target, n_threads, tokens=None):
         started.set()
         time.sleep(0.3)
         events.append(("compiled", time.perf_counter()))
         return 1
 
     monkeypatch.setattr(compile_ahead, "compile_problem", slow)
-    plans = [types.SimpleNamespace(ahead=False, C=16, dtype=torch.bfloat16, W=4, activation="silu", device_index=0)
-             for _ in range(2)]
+    plans = [types.SimpleNamespace(ahead=False, S=64, C=16, dtype=torch.bfloat16, W=4, activation="silu",
+                                   device_index=0) for _ in range(2)]
     first = threading.Thread(target=compile_ahead.before_training_step, args=(plans[0],))
     first.start()
     started.wait(5)
@@ -184,6 +189,15 @@ def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
     assert [a[:3] for a in asked] == [(16, 4, "silu")]
 
 
+def test_the_regime_of_a_plan():
+    """Packed contiguous rows with cu_seqlens: the variants of their regime (one group of the dweight
+    tree up to S = 8,192, more above); other layouts: the problem's whole set (None)."""
+    assert compile_ahead.tokens_of(_plan(S=8192)) == (ONE_GROUP_S,)
+    assert compile_ahead.tokens_of(_plan(S=8193)) == (MULTI_GROUP_S,)
+    assert compile_ahead.tokens_of(_plan(cu_dtype=None)) is None  # [B, T, C] or one sequence
+    assert compile_ahead.tokens_of(_plan(x_stride=1024)) is None  # mamba_ssm's rows of a wider tensor
+
+
 def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path):
     want = _step(64, 16)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other_cache"))  # no marker there
@@ -191,7 +205,7 @@ def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path):
     monkeypatch.setattr(compile_ahead, "_warned", False)
     conv._plans.clear()
 
-    def broken(problem, target, n_threads):
+    def broken(problem, target, n_threads, tokens=None):
         raise OSError("no space left on device")
 
     monkeypatch.setattr(compile_ahead, "compile_problem", broken)
@@ -215,7 +229,7 @@ def test_threads_compile_what_one_thread_compiles(tmp_path, monkeypatch):
     every = warmup_module.problem_specializations([WarmupProblem(256)], SM90)
     forward = {k: v for k, v in every.items() if k[0] == "cake_conv_fwd_kernel"}
     assert len(forward) >= 2
-    monkeypatch.setattr(warmup_module, "problem_specializations", lambda problems, target: forward)
+    monkeypatch.setattr(warmup_module, "problem_specializations", lambda problems, target, tokens=None: forward)
     caches = {}
     for n in (3, 1):
         monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / f"cache{n}"))

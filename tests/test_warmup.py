@@ -118,13 +118,16 @@ def test_warmup_compiles_into_the_cache_and_finds_it_again(tmp_path, monkeypatch
     again = warmup([256], target="sm_90", jobs=2, progress=None)
     assert again["compiled"] == 0 and again["cache_hits"] == 2
     assert {k["cache_key"] for k in again["kernels"]} == {k["cache_key"] for k in first["kernels"]}
-    # the marker tells a first training step that the problem's whole set is there: a warm-up of some
-    # token counts' variants only must not write it
+    # the marker tells a first training step that the problem's whole set is there; a warm-up of some
+    # token counts' variants writes the markers of their regimes instead
     marker = compile_ahead.marker_path(WarmupProblem(256), SM90)
     assert os.path.exists(marker)
     os.remove(marker)
     partial = warmup([256], target="sm_90", jobs=1, progress=None, tokens=[250340])
     assert partial["cache_hits"] == 2 and not os.path.exists(marker)
+    several = compile_ahead.marker_path(WarmupProblem(256), SM90, (warmup_module.MULTI_GROUP_S,))
+    one = compile_ahead.marker_path(WarmupProblem(256), SM90, (warmup_module.ONE_GROUP_S,))
+    assert os.path.exists(several) and not os.path.exists(one)
 
 
 @pytest.mark.parametrize("problem", [WarmupProblem(512), WarmupProblem(256, width=8, activation=None)], ids=str)
@@ -135,6 +138,8 @@ def test_warmup_for_token_counts_covers_their_packed_calls(problem):
     for S in (5000, 20000):
         part = {text for _, text in problem_specializations([problem], SM90, (S,))}
         assert part < full and len(part) <= len(full) * 0.6, (len(part), len(full))
+        # every S of a regime launches the same variants (compile_ahead warms a regime by one S of it)
+        assert part == {text for _, text in problem_specializations([problem], SM90, warmup_module.regime_tokens(S))}
         for n_docs in (1, 7, S // 3):
             for r in _training_launches(problem, S, n_docs):
                 options, signature, constexprs, attrs = triton_specialization(r.kernel.fn, r.args, r.options, SM90)

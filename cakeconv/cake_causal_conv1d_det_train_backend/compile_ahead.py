@@ -10,13 +10,17 @@ its first stage, Python code generation from the kernels' syntax trees, runs one
 mismatch").
 
 The first time the autograd op (or the backward entry point) meets a problem on a CUDA device, this
-module compiles every variant of that problem's training step (``cakeconv.warmup``'s set for the
+module compiles the variants of that problem's training step (``cakeconv.warmup``'s set for the
 problem: the same launches, the same Triton cache keys) in parallel threads into Triton's on-disk
 cache, and waits for them; the launches then load them from there. A cold first step then costs
 about the slowest variant's compile, not the sum of all of them; later steps at other token or
-document counts compile nothing. Once a problem's set is in the cache, a marker file there
-(``cakeconv_compile_ahead/<hash>``, keyed by the problem, the target, Triton's version and the
-kernels' cache keys) lets later processes skip all this: their launches load the kernels as before.
+document counts compile nothing. Packed rows with ``cu_seqlens`` compile the set of the step's
+regime only: one group of the backward's dweight tree (S <= 8,192 tokens) or more, with few and
+many documents (``warmup(tokens=...)``'s set: 5 or 6 variants of the 11); the first step of the
+other regime, if one comes, compiles that one's. Other layouts take the problem's whole set. Once a
+set is in the cache, a marker file there (``cakeconv_compile_ahead/<hash>``, keyed by the problem,
+the regime, the target, Triton's version and the kernels' cache keys) lets later processes skip all
+this: their launches load the kernels as before.
 
 It applies to contiguous rows (``[S, C]``, ``[1, S, C]``, ``[B, T, C]``) and to x rows that are a
 slice of a wider tensor, taken as mamba_ssm's fused layout (x and dx rows that far apart, through
@@ -71,6 +75,18 @@ def threads() -> int:
         raise ValueError(f"{ENV_THREADS} must be a whole number of threads (0 or 1: off), got {text!r}") from None
 
 
+def tokens_of(plan):
+    """The regime's representative token count, ``(ONE_GROUP_S,)`` or ``(MULTI_GROUP_S,)``, for a plan of
+    packed contiguous rows with ``cu_seqlens`` (the variants of one group of the dweight tree or of
+    more: ``warmup(tokens=...)``); None for other layouts (the problem's whole set)."""
+    x_stride, _, _, cu_dtype, _ = plan._layout
+    if cu_dtype is None or x_stride != plan.C:
+        return None
+    from ..warmup import regime_tokens
+
+    return regime_tokens(plan.S)
+
+
 def problem_of(plan):
     """The ``WarmupProblem`` of a plan's training step (x rows wider apart than C: mamba_ssm's layout),
     or None where this does not apply (no Triton fast path on a CUDA device, a bias of another dtype
@@ -95,16 +111,16 @@ class _OneAtATime(ASTSource):
             return super().make_ir(*args, **kwargs)
 
 
-def compile_problem(problem, target, n_threads: int) -> int:
-    """Compile every kernel variant of ``problem``'s training step for ``target`` in ``n_threads``
-    threads into Triton's cache (variants already there are found, not compiled); the number of
-    variants."""
+def compile_problem(problem, target, n_threads: int, tokens=None) -> int:
+    """Compile the kernel variants of ``problem``'s training step (``tokens``: of packed calls at those
+    token counts only) for ``target`` in ``n_threads`` threads into Triton's cache (variants already
+    there are found, not compiled); the number of variants."""
     from ..warmup import problem_specializations
     from .kernels import launch
 
     launch.cache_keys_in_fixed_order()  # before any thread hashes a kernel (launch.py)
     fns = {k.name: k.fn for k in launch.KERNELS}
-    items = list(problem_specializations([problem], target).values())
+    items = list(problem_specializations([problem], target, tokens).values())
 
     def compile_one(item):
         name, (options, signature, constexprs, attrs) = item
@@ -117,33 +133,40 @@ def compile_problem(problem, target, n_threads: int) -> int:
     return len(items)
 
 
-def marker_path(problem, target) -> str:
-    """The file that says ``problem``'s training-step kernels for ``target`` are in Triton's cache."""
+def marker_path(problem, target, tokens=None) -> str:
+    """The file that says ``problem``'s training-step kernels for ``target`` are in Triton's cache: all of
+    them, or (``tokens``: a regime's ``(ONE_GROUP_S,)`` or ``(MULTI_GROUP_S,)``) those of that regime."""
     from triton import knobs
 
     from .kernels import launch
 
     launch.cache_keys_in_fixed_order()
     text = repr((problem, target.arch, triton.__version__, [k.fn.cache_key for k in launch.KERNELS]))
+    if tokens is not None:
+        text += f" tokens {tuple(tokens)}"
     return os.path.join(knobs.cache.dir, "cakeconv_compile_ahead", hashlib.sha256(text.encode()).hexdigest())
 
 
-def _compile_once(problem, target, n: int) -> None:
-    """The problem's compile ahead, unless a marker says an earlier process (or the warm-up) did it."""
-    marker = marker_path(problem, target)
-    if os.path.exists(marker):  # the launches load the kernels from the cache
-        return
+def _compile_once(problem, target, n: int, tokens=None) -> None:
+    """The problem's compile ahead (``tokens``: of that regime), unless a marker says an earlier process
+    (or the warm-up) did it."""
+    if os.path.exists(marker_path(problem, target)) or (
+            tokens is not None and os.path.exists(marker_path(problem, target, tokens))):
+        return  # the launches load the kernels from the cache
     level = logging.WARNING if _leading_process() else logging.INFO
-    _log.log(level, "cakeconv: compiling the training step's kernels of %s for sm_%s in up to %d threads (once per "
-             "problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)", problem, target.arch, n)
+    regime = "" if tokens is None else f" ({'one group' if tokens[0] <= _one_group_max() else 'several groups'} of "\
+        "the dweight tree)"
+    _log.log(level, "cakeconv: compiling the training step's kernels of %s%s for sm_%s in up to %d threads (once "
+             "per problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)", problem, regime,
+             target.arch, n)
     start = time.perf_counter()
     _local.busy = True
     try:
         with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
-            count = compile_problem(problem, target, n)
+            count = compile_problem(problem, target, n, tokens)
     finally:
         _local.busy = False
-    write_marker(problem, target)
+    write_marker(problem, target, tokens)
     _log.log(level, "cakeconv: %s kernel variants of %s ready in %.1f s", count, problem, time.perf_counter() - start)
 
 
@@ -154,9 +177,16 @@ def _leading_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def write_marker(problem, target) -> None:
-    """Record that ``problem``'s training-step kernels for ``target`` are in Triton's cache."""
-    path = marker_path(problem, target)
+def _one_group_max() -> int:
+    from .kernels.backward import BWD_SUB, TREE_LEAVES
+
+    return TREE_LEAVES * BWD_SUB
+
+
+def write_marker(problem, target, tokens=None) -> None:
+    """Record that ``problem``'s training-step kernels for ``target`` (``tokens``: a regime's) are in
+    Triton's cache."""
+    path = marker_path(problem, target, tokens)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(f"{problem}\n")
@@ -178,8 +208,9 @@ def before_training_step(plan) -> None:
             return
         from .kernels.specialization import cuda_target
 
+        tokens = tokens_of(plan)
         major, minor = torch.cuda.get_device_capability(plan.device_index)
-        key = (10 * major + minor, problem)
+        key = (10 * major + minor, problem, tokens)
         with _lock:
             over = _done.get(key)
             if over is None:
@@ -191,7 +222,7 @@ def before_training_step(plan) -> None:
             over.wait()
             return
         try:
-            _compile_once(problem, cuda_target(key[0]), n)
+            _compile_once(problem, cuda_target(key[0]), n, tokens)
         finally:
             over.set()
     except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
