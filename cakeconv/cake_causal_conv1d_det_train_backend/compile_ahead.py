@@ -193,8 +193,8 @@ def write_marker(problem, target, tokens=None) -> None:
 
 
 def before_training_step(plan) -> None:
-    """Once per problem and process: compile the problem's training-step kernels side by side (see
-    the module docstring). Marks the plan so that its later calls skip this at the cost of one
+    """Once per problem (packed rows with ``cu_seqlens``: per problem and regime) and process: compile
+    the training-step kernels side by side (see the module docstring). Marks the plan so that its later calls skip this at the cost of one
     attribute read."""
     plan.ahead = True
     if getattr(_local, "busy", False):  # the representative calls below run the op themselves
