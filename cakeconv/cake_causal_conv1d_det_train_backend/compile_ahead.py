@@ -153,9 +153,11 @@ def _compile_once(problem, target, n: int, tokens=None) -> None:
     if os.path.exists(marker_path(problem, target)) or (
             tokens is not None and os.path.exists(marker_path(problem, target, tokens))):
         return  # the launches load the kernels from the cache
+    from ..warmup import ONE_GROUP_S
+
     level = logging.WARNING if _leading_process() else logging.INFO
-    regime = "" if tokens is None else f" ({'one group' if tokens[0] <= _one_group_max() else 'several groups'} of "\
-        "the dweight tree)"
+    groups = None if tokens is None else "one group" if tokens[0] <= ONE_GROUP_S else "several groups"
+    regime = "" if groups is None else f" ({groups} of the dweight tree)"
     _log.log(level, "cakeconv: compiling the training step's kernels of %s%s for sm_%s in up to %d threads (once "
              "per problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)", problem, regime,
              target.arch, n)
@@ -177,12 +179,6 @@ def _leading_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def _one_group_max() -> int:
-    from .kernels.backward import BWD_SUB, TREE_LEAVES
-
-    return TREE_LEAVES * BWD_SUB
-
-
 def write_marker(problem, target, tokens=None) -> None:
     """Record that ``problem``'s training-step kernels for ``target`` (``tokens``: a regime's) are in
     Triton's cache."""
@@ -194,8 +190,8 @@ def write_marker(problem, target, tokens=None) -> None:
 
 def before_training_step(plan) -> None:
     """Once per problem (packed rows with ``cu_seqlens``: per problem and regime) and process: compile
-    the training-step kernels side by side (see the module docstring). Marks the plan so that its later calls skip this at the cost of one
-    attribute read."""
+    the training-step kernels side by side (see the module docstring). Marks the plan so that its
+    later calls skip this at the cost of one attribute read."""
     plan.ahead = True
     if getattr(_local, "busy", False):  # the representative calls below run the op themselves
         return
