@@ -279,10 +279,12 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
     seconds = time.perf_counter() - start
     from .cake_causal_conv1d_det_train_backend.compile_ahead import write_marker
 
-    regimes = [None] if tokens is None else sorted({regime_tokens(S) for S in tokens})
     for problem in problems:  # a step of these problems (in these regimes) need not compile them ahead again
-        for regime in regimes if problem.mamba_ssm_row_stride is None or tokens is None else ():
-            write_marker(problem, tgt, regime)
+        if tokens is None:
+            write_marker(problem, tgt)
+        elif problem.mamba_ssm_row_stride is None:  # packed rows' regimes (mamba_ssm's layout takes the whole set)
+            for regime in {regime_tokens(S) for S in tokens}:
+                write_marker(problem, tgt, regime)
     hits = sum(r["cache_hit"] for r in results)
     if progress:
         progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {seconds:.1f} s")
