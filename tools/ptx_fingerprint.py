@@ -6,16 +6,23 @@ specialization for sm_90 down to PTX with Triton's own binder and pipeline, and 
 for a launch compute the same bits at the same speed there: this is how a change to the kernels'
 source is shown to leave the width-4 SiLU kernels as they were.
 
-    python tools/ptx_fingerprint.py OUT.json [--kernels a,b] [--jobs N] [--keys-of OLD.json]
+``--stage ttir`` hashes the TTIR instead (after Triton's TTIR passes, source locations left out):
+seconds per launch where PTX takes minutes at W = 7 and 8 (the layout pass). Equal TTIR and options
+give equal PTX (the later stages depend on nothing else), so it shows the same; a different TTIR
+may still compile to the same PTX (then compare the PTX of those launches, ``--keys-of``).
+
+    python tools/ptx_fingerprint.py OUT.json [--kernels a,b] [--jobs N] [--keys-of OLD.json] [--stage ttir]
     python tools/ptx_fingerprint.py --compare A.json B.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
@@ -46,9 +53,9 @@ def _specs(kernel_names):
 
 
 # Compile-time constants that a launch of the seed's width and activation (W = 4, SiLU) did not have
-# before the kernels took them: left out of the key at those values, so that the seed's launches keep
-# their keys across that change.
-_SEED_CONSTANTS = {"W": 4, "ACT": 1}
+# before the kernels took them, and the quick twins' switch (QUICK, 0 in every launch recorded here):
+# left out of the key at those values, so that the launches keep their keys across those changes.
+_SEED_CONSTANTS = {"W": 4, "ACT": 1, "QUICK": 0}
 
 
 def named_key(fn, spec) -> str:
@@ -67,7 +74,7 @@ def named_key(fn, spec) -> str:
     return " ".join(parts)
 
 
-def _ptx_hash(item):
+def _ptx_hash(item, stage="ptx"):
     key, (name, args, options) = item
     sys.path.insert(0, os.getcwd())
     os.environ.setdefault("TRITON_DISABLE_LINE_INFO", "1")
@@ -79,6 +86,13 @@ def _ptx_hash(item):
 
     kernel = next(k for k in launch.KERNELS if k.name == name)
     opts, signature, constexprs, attrs = triton_specialization(kernel.fn, args, options)
+    if stage == "ttir":
+        from tests.test_specialization import compile_front_end
+
+        text = str(compile_front_end(kernel.fn, opts, signature, constexprs, attrs))
+        text = re.sub(r" loc\((#loc\d*|\"[^\"]*\"[^)]*)\)", "", text)
+        text = "\n".join(line for line in text.splitlines() if not line.startswith("#loc"))
+        return "|".join(key), hashlib.sha256(text.encode()).hexdigest()
     src = ASTSource(fn=kernel.fn, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts.__dict__)
     return "|".join(key), hashlib.sha256(normalized_ptx(compiled.asm["ptx"]).encode()).hexdigest()
@@ -101,6 +115,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--keys-of", default=None, help="only the launches fingerprinted in this earlier file")
+    ap.add_argument("--stage", default="ptx", choices=("ptx", "ttir"), help="what is hashed (module docstring)")
     a = ap.parse_args()
     if a.compare:
         old, new = (json.load(open(p)) for p in a.compare)
@@ -116,11 +131,12 @@ def main():
         keep = set(json.load(open(a.keys_of)))
         items = [it for it in items if "|".join(it[0]) in keep]
     print(f"{len(items)} distinct launches", flush=True)
+    fingerprint = functools.partial(_ptx_hash, stage=a.stage)
     if a.jobs == 1:
-        result = dict(map(_ptx_hash, items))
+        result = dict(map(fingerprint, items))
     else:
         with ProcessPoolExecutor(a.jobs) as ex:
-            result = dict(ex.map(_ptx_hash, items))
+            result = dict(ex.map(fingerprint, items))
     json.dump(result, open(a.out, "w"), indent=0, sort_keys=True)
     print(f"wrote {len(result)} fingerprints to {a.out}")
 

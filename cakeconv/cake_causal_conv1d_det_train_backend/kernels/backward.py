@@ -389,7 +389,8 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
                          SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
                          R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
-                         STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr):
+                         STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr,
+                         QUICK: tl.constexpr = 0):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB) * cdiv(C, BC),), channel blocks fastest. SX8, SDY8, SDX8: row
@@ -399,6 +400,12 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     FP32 (HAS_FUT) hold the x rows before and the g rows after each segment (KCP). Without HAS_FUT
     the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
     cake_conv_bwd_dx_rows_kernel once fut has arrived (the exchange overlaps this kernel).
+
+    QUICK (the variant a first training step runs while this one compiles, compile_ahead.py): every
+    program takes the one path that is right for any program, the masked walk of many segments with
+    row bounds, one stage, no step branch. It computes the same bits (every path does, for the
+    programs it is taken for) and compiles several times faster (one row walk in the IR instead of
+    four: Triton's layout pass grows faster than the IR's size); it runs slower.
     """
     H: tl.constexpr = W - 1
     if not INTERPRET:
@@ -422,7 +429,15 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     rows0 = p0 + tl.arange(0, R) * SUB
     # Taps reach H rows back, the g look-ahead H rows forward.
     n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last + H, seq_len, HAS_CU)
-    if masked:
+    if QUICK:
+        d_lo = tl.maximum(n_lo - 1, 0)
+        d_hi = count_bounds_le(cu_ptr, n_seg, p_last + H, seq_len, HAS_CU) - 1
+        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
+        acc, accb = _bwd_run(
+            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
+            n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, False,
+            ACT, True, DB=HAS_BIAS)
+    elif masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last + H, seq_len, HAS_CU) - 1
         seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
@@ -484,7 +499,8 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
                                    HAS_FUT: tl.constexpr, R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr,
                                    BC: tl.constexpr, STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr,
                                    W: tl.constexpr, ACT: tl.constexpr,
-                                   M: tl.constexpr, LOGM: tl.constexpr, EPI_BC: tl.constexpr):
+                                   M: tl.constexpr, LOGM: tl.constexpr, EPI_BC: tl.constexpr,
+                                   QUICK: tl.constexpr = 0):
     """``cake_conv_bwd_kernel`` (called here, inlined) for one group of the dweight tree (S <= TREE_LEAVES * BWD_SUB rows),
     which then also writes dweight and dbias: one launch for the whole backward.
 
@@ -505,11 +521,12 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
     workspace, zeroed by a memset).
 
     Ordering: ``is_last_ticket`` (the last program's ``.cg`` loads see every node). EPI_BC:
-    channels added per step of the last program (bounds its [M, EPI_BC] registers).
+    channels added per step of the last program (bounds its [M, EPI_BC] registers). QUICK: as for
+    ``cake_conv_bwd_kernel``.
     """
     cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr, S, C8, n_seg, seq_len,
                          SX8, SDY8, SDX8, HAS_BIAS, HAS_CU, HAS_HIST, HAS_FUT, R, LOGR, SUB, BC, STAGES, STEP_BRANCH,
-                         W, ACT)
+                         W, ACT, QUICK)
     C = C8 * 8
     n_cblk = tl.cdiv(C, BC)
     pid_c = tl.program_id(0) % n_cblk

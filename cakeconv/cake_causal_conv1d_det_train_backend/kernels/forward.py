@@ -133,7 +133,7 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                          SX8: tl.constexpr, SY8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
                          R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-                         W: tl.constexpr, ACT: tl.constexpr):
+                         W: tl.constexpr, ACT: tl.constexpr, QUICK: tl.constexpr = 0):
     """y[t, c] = act(b[c] + sum_{k<W} w[c, k] * x[t - (W - 1) + k, c]), rows of other segments read
     as 0; act = silu (ACT = 1) or the identity (ACT = 0).
 
@@ -142,6 +142,10 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     compile-time constants, so the rows of a loop step are one base address plus immediate
     offsets. ``hist`` [N, H, C] (HAS_HIST, KCP; H = W - 1) holds the x rows before each segment's
     first row, zero where its document has none.
+
+    QUICK (the variant a first training step runs while this one compiles, compile_ahead.py): every
+    program takes the masked path of many segments with row bounds, one stage: the same bits (each
+    path computes every element alike), a faster compile, a slower run.
     """
     H: tl.constexpr = W - 1
     C = C8 * 8
@@ -161,7 +165,13 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     # Rows read: p0 - H .. p_last. The cu[0] = 0 and cu[N] = S boundaries make
     # the first and the last programs take the masked path.
     n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last, seq_len, HAS_CU)
-    if masked:
+    if QUICK:
+        d_lo = tl.maximum(n_lo - 1, 0)
+        d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
+        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
+        _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
+                 seg, b, ws, HAS_CU, HAS_HIST, True, False, SUB, 1, ACT, True)
+    elif masked:
         d_lo = tl.maximum(n_lo - 1, 0)
         d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
         seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
