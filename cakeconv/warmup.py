@@ -7,9 +7,12 @@ module fills that cache ahead of a run, for the problems a run will meet, with e
 compiled in parallel processes, on a GPU machine or without a GPU (given the target, e.g.
 ``--target sm_90``): a container image built on a CPU machine can hold the cache ready.
 
-The first training step of a problem on a GPU compiles the same set itself, side by side in
-threads (``compile_ahead.py``); this warm-up is for compiling before any GPU work: in a container
-image, on a CPU machine, or for the layouts that path does not cover (``mamba_ssm_row_stride``).
+The first training step of a problem on a GPU compiles the same set itself, in threads
+(``compile_ahead.py``): quick twins of the forward and backward kernels first (the same bits, a
+compile several times shorter), which the first steps run while the full kernels compile in the
+background (``wait_for_kernels`` waits for those); this warm-up is for compiling before any GPU
+work: in a container image, on a CPU machine, or for the layouts that path does not cover
+(``mamba_ssm_row_stride``). A run whose kernels it compiled runs the full ones from its first step.
 
 What a problem needs. A problem is (C, x dtype, taps dtype, bias or not, width W, activation).
 Its training step launches the forward kernel, the backward kernels (one group of the dweight tree
@@ -44,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
-__all__ = ["warmup", "WarmupProblem", "problem_specializations"]
+__all__ = ["warmup", "WarmupProblem", "problem_specializations", "wait_for_kernels"]
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
            "fp32": torch.float32, "float32": torch.float32}
@@ -177,16 +180,29 @@ def _record(problem: WarmupProblem, tokens=None) -> list:
 def problem_specializations(problems, target, tokens=None) -> dict:
     """{(kernel name, specialization text): (kernel name, specialization)} of the problems' launches
     (``tokens``: of the packed calls at those token counts only)."""
+    found = {}
+    for problem in problems:
+        found.update(launch_specializations(_record(problem, tokens), target))
+    return found
+
+
+def launch_specializations(launches, target, quick=False) -> dict:
+    """``problem_specializations``' dict for recorded launches; ``quick``: of their quick twins (the
+    kernels' QUICK variant where they have one, compile_ahead.py), the other kernels as they are."""
+    from .cake_causal_conv1d_det_train_backend.kernels.launch import QUICK_KERNELS
     from .cake_causal_conv1d_det_train_backend.kernels.specialization import triton_specialization
 
     found = {}
-    for problem in problems:
-        for r in _record(problem, tokens):
-            spec = triton_specialization(r.kernel.fn, r.args, r.options, target)
-            options, signature, constexprs, attrs = spec
-            text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
-                         sorted(options.__dict__.items())))
-            found.setdefault((r.kernel.name, text), (r.kernel.name, spec))
+    for r in launches:
+        args = r.args
+        if quick and r.kernel in QUICK_KERNELS:
+            assert args[-1] == 0, "QUICK is the last constexpr of these kernels"
+            args = (*args[:-1], 1)
+        spec = triton_specialization(r.kernel.fn, args, r.options, target)
+        options, signature, constexprs, attrs = spec
+        text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
+                     sorted(options.__dict__.items())))
+        found.setdefault((r.kernel.name, text), (r.kernel.name, spec))
     return found
 
 
@@ -290,6 +306,16 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
         progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {seconds:.1f} s")
     return {"target": f"sm_{tgt.arch}", "kernels": results, "compiled": len(results) - hits, "cache_hits": hits,
             "seconds": seconds, "cache_dir": _cache_dir()}
+
+
+def wait_for_kernels(timeout: float | None = None) -> bool:
+    """Wait until the full kernels of every problem this process's first training steps met are
+    compiled: those steps run quick twins meanwhile (the same bits, slower), so wait before timing a
+    steady state or capturing anything by hand. True once they are, False if ``timeout`` seconds
+    passed first. (Capturing a CUDA graph waits for them by itself.)"""
+    from .cake_causal_conv1d_det_train_backend.compile_ahead import wait_for_kernels as wait
+
+    return wait(timeout)
 
 
 def _cache_dir() -> str:

@@ -164,3 +164,19 @@ def test_kernel_sources_compile_with_every_integer_specialized(recorded, value):
         spec = triton_specialization(fn, args, r.options, params)
         compile_front_end(fn, *spec)
     assert done == {k.name for k in launch.KERNELS}
+
+
+def test_quick_twins_compile_for_every_launch(recorded):
+    """The QUICK twin (compile_ahead.py: what a first training step runs while the full kernels
+    compile) of every forward and backward launch of the cases, every width, activation, layout and
+    halo: Triton's specialization for sm_90 and the front end compile it."""
+    done = set()
+    for r in recorded:
+        if r.kernel not in launch.QUICK_KERNELS:
+            continue
+        assert r.args[-1] == 0, f"{r.kernel.name}: QUICK is the last constexpr and 0 in every launch"
+        spec = triton_specialization(r.kernel.fn, (*r.args[:-1], 1), r.options)
+        if (r.kernel.name, _frozen(spec)) not in done:
+            compile_front_end(r.kernel.fn, *spec)
+            done.add((r.kernel.name, _frozen(spec)))
+    assert {name for name, _ in done} == {k.name for k in launch.QUICK_KERNELS} and len(done) >= 20, len(done)

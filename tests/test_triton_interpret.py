@@ -363,3 +363,83 @@ def test_short_documents_give_the_same_bits_in_middle_and_end_programs(use_ids, 
         else:
             assert torch.equal(rows[0], ref[0]), f"y, lead-in {lead}"
             assert torch.equal(rows[1], ref[1]), f"dx, lead-in {lead}"
+
+
+def _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, width, activation, quick, config=None):
+    """(y, dx, dw, db) from the prepared forward and backward launches (``quick``: their QUICK twins)."""
+    b_dt, cu_dt, n_cu = triton_launch.optional_meta(b, cu)
+    fwd = triton_launch.prepare_forward(S, C, C, C, x.dtype, w.dtype, b_dt, cu_dt, n_cu, seq_len, config=config,
+                                        width=width, activation=activation, quick=quick)
+    y = torch.empty_like(x)
+    fwd.run(x, w, b, cu, y)
+    bwd = triton_launch.prepare_backward(S, C, C, C, C, x.dtype, dy.dtype, w.dtype, b_dt, cu_dt, n_cu, seq_len,
+                                         torch.float32, width=width, activation=activation, quick=quick)
+    dx, dw = torch.empty_like(x), torch.full((C, width), float("nan"))
+    db = torch.full((C,), float("nan")) if b is not None else None
+    ws = torch.full((triton_launch.backward_workspace_floats(S, C, width),), float("nan"))
+    with triton_launch.record_launches(launch=True) as launches:
+        bwd.run(dy, x, w, b, cu, dx, ws, dw, db)
+    quick_flags = {r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS}
+    assert quick_flags == {int(quick)}, quick_flags
+    return y, dx, dw, db
+
+
+# (S, C, W, activation, bias, documents, per-token indices): packed short and long documents (the paths
+# of few and of many segments, with and without per-token indices) and [B, T, C] rows of T = 50 (no
+# cu_seqlens). The main kernel of several groups runs the one-group kernel's body (it calls it).
+QUICK_CASES = [(200, 16, 4, "silu", True, "mixed", True), (200, 16, 4, "silu", True, "mixed", False),
+               (150, 8, 8, None, False, "mixed", True), (200, 8, 3, "silu", False, "rows of 50", False)]
+
+
+@pytest.mark.parametrize("S,C,W,activation,bias,docs,use_ids", QUICK_CASES)
+def test_triton_quick_twins_give_the_full_kernels_bits(S, C, W, activation, bias, docs, use_ids, monkeypatch):
+    """The quick twins a first training step runs while the full kernels compile (compile_ahead.py:
+    QUICK, one path for every program: the masked walk of many segments with row bounds, one
+    stage) compute the full kernels' bits, y, dx, dweight and dbias, whichever paths the full
+    kernels' programs take."""
+    monkeypatch.setattr(triton_launch, "use_ids", use_ids)
+    x, w, b, dy = make_inputs(S, C, seed=S + W, width=W, bias=bias)
+    if docs == "mixed":
+        cu, seq_len = random_cu_seqlens(S, torch.Generator().manual_seed(S + W)), None
+    else:
+        cu, seq_len = None, 50
+    full = _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, W, activation, quick=False)
+    quick = _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, W, activation, quick=True)
+    for name, f, q in zip(("y", "dx", "dw", "db"), full, quick):
+        assert (f is None and q is None) or torch.equal(f, q), name
+
+
+def test_triton_plan_runs_the_quick_twins_until_the_full_kernels_are_ready():
+    """A plan told to run early (compile_ahead.py, while the full variants compile) launches the QUICK
+    twins of its forward and of its backward (prepared before and after it was told), then, once the
+    event is set, its own kernels; the bits of every step are the same."""
+    import threading
+
+    from cakeconv.cake_causal_conv1d_det_train_backend import conv
+
+    S, C = 150, 16
+    x, w, b, dy = make_inputs(S, C, seed=31)
+    cu = torch.tensor([0, 40, 41, S], dtype=torch.int32)
+    conv._plans.clear()
+
+    def step():
+        xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+        with triton_launch.record_launches(launch=True) as launches:
+            y = cake_causal_conv1d_det(xr, wr, br, cu_seqlens=cu, backend="triton")
+            y.backward(dy)
+        flags = [r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS]
+        return flags, (y.detach(), xr.grad, wr.grad, br.grad)
+
+    flags, want = step()  # (no compile ahead on the CPU: the plan's own kernels)
+    assert flags == [0, 0]
+    plan = conv._plans[conv.signature(x, w, b, cu, "triton")]
+    ready = threading.Event()
+    plan.run_early_until(ready)  # the backward launches were prepared already, the forward's too
+    for _ in range(2):
+        flags, got = step()
+        assert flags == [1, 1] and all(torch.equal(a, c) for a, c in zip(want, got))
+    ready.set()
+    flags, got = step()
+    assert flags == [0, 0] and all(torch.equal(a, c) for a, c in zip(want, got))
+    assert plan.fwd.early is None
+    conv._plans.clear()

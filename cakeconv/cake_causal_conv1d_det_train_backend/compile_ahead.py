@@ -10,32 +10,42 @@ its first stage, Python code generation from the kernels' syntax trees, runs one
 mismatch").
 
 The first time the autograd op (or the backward entry point) meets a problem on a CUDA device, this
-module compiles the variants of that problem's training step (``cakeconv.warmup``'s set for the
-problem: the same launches, the same Triton cache keys) in parallel threads into Triton's on-disk
-cache, and waits for them; the launches then load them from there. A cold first step then costs
-about the slowest variant's compile, not the sum of all of them; later steps at other token or
-document counts compile nothing. Packed rows with ``cu_seqlens`` compile the set of the step's
-regime only: one group of the backward's dweight tree (S <= 8,192 tokens) or more, with few and
-many documents (``warmup(tokens=...)``'s set: 5 or 6 variants of the 11); the first step of the
-other regime, if one comes, compiles that one's. Other layouts take the problem's whole set. Once a
-set is in the cache, a marker file there (``cakeconv_compile_ahead/<hash>``, keyed by the problem,
-the regime, the target, Triton's version and the kernels' cache keys) lets later processes skip all
-this: their launches load the kernels as before.
+module records the launches of that problem's training step (``cakeconv.warmup``'s set for the
+problem: the same launches, the same Triton cache keys) and compiles them in two tiers:
+
+1. their quick twins, in parallel threads, and waits for them: the forward and backward kernels
+   with their ``QUICK`` constexpr set take one code path for every program (the same bits: each
+   path computes every element alike), which compiles several times faster than the full kernels'
+   four paths (Triton's layout pass grows faster than a kernel's size) and runs slower;
+2. the full variants, in the background (daemon threads), while the first steps run the twins. Once
+   they are all in Triton's cache, the launches switch to them (a launch that loads one from the
+   cache takes milliseconds). A process that ends before then leaves them for the next one.
+
+A cold first step then waits for the slowest quick twin instead of the slowest full kernel. Packed
+rows with ``cu_seqlens`` compile the set of the step's regime only: one group of the backward's
+dweight tree (S <= 8,192 tokens) or more, with few and many documents (``warmup(tokens=...)``'s set:
+5 or 6 variants of the 11); the first step of the other regime, if one comes, compiles that one's.
+Other layouts take the problem's whole set. Once a set is in the cache, a marker file there
+(``cakeconv_compile_ahead/<hash>``, keyed by the problem, the regime, the target, Triton's version
+and the kernels' cache keys) lets later processes skip all this: their launches load the full
+kernels as before, with no twin.
 
 It applies to contiguous rows (``[S, C]``, ``[1, S, C]``, ``[B, T, C]``) and to x rows that are a
 slice of a wider tensor, taken as mamba_ssm's fused layout (x and dx rows that far apart, through
 causal-conv1d's pair: ``cakeconv.integrations.mamba_ssm``), when the bias, if any, has the taps'
 dtype; a variant a call needs outside that set (another layout, KCP) compiles on its first launch
-as before. Nothing changes in what runs: the kernels are the ones the launches would compile
-themselves.
+as before. The bits never depend on which tier ran.
 
 ``CAKECONV_COMPILE_THREADS``: the number of threads (default: the CPU count, at most the number of
-variants); ``0`` or ``1`` turns this off (each kernel compiles on its first launch). A failure here
-is reported once as a warning and the launches compile what they need, as without it.
+variants); ``0`` or ``1`` turns this off (each kernel compiles on its first launch).
+``CAKECONV_QUICK_KERNELS=0``: no quick tier (the first step waits for the full variants). A failure
+here is reported once as a warning and the launches compile what they need, as without it. Capturing
+a CUDA graph while the full variants compile waits for them (a graph keeps the kernels it captured);
+``wait_for_kernels()`` waits for them too (e.g. before timing a steady state).
 
 A compile here takes from seconds to minutes (the backward's variants grow fast with W), so it says
-so when it starts and when it ends, through the ``cakeconv`` logger: at WARNING level in a single
-process or on rank 0 of a process group (Python prints those to stderr when logging is not
+so when it starts and when each tier ends, through the ``cakeconv`` logger: at WARNING level in a
+single process or on rank 0 of a process group (Python prints those to stderr when logging is not
 configured), at INFO on the other ranks. ``logging.getLogger("cakeconv").setLevel(logging.ERROR)``
 silences it.
 """
@@ -55,10 +65,10 @@ import triton
 from triton.compiler import ASTSource
 
 ENV_THREADS = "CAKECONV_COMPILE_THREADS"
+ENV_QUICK = "CAKECONV_QUICK_KERNELS"
 
-_done: dict = {}  # (capability, problem) -> an Event set once its compile ahead is over
+_states: dict = {}  # (capability, problem, regime tokens) -> its _Compile
 _lock = threading.Lock()
-_front_end = threading.Lock()  # Triton's Python code generation (ast.parse), one thread at a time
 _local = threading.local()
 _warned = False
 _log = logging.getLogger(__name__)  # under "cakeconv"
@@ -73,6 +83,40 @@ def threads() -> int:
         return max(0, int(text))
     except ValueError:
         raise ValueError(f"{ENV_THREADS} must be a whole number of threads (0 or 1: off), got {text!r}") from None
+
+
+def quick_tier() -> bool:
+    """Whether a first step runs quick twins while the full variants compile (``CAKECONV_QUICK_KERNELS``,
+    default on; ``0`` off)."""
+    text = os.environ.get(ENV_QUICK, "").strip()
+    if text not in ("", "0", "1"):
+        raise ValueError(f"{ENV_QUICK} must be 0 or 1, got {text!r}")
+    return text != "0"
+
+
+class _Compile:
+    """The compile ahead of one problem (and regime): ``first`` is set once its first step may launch
+    (the quick twins, or the full variants, are in the cache, or the compile failed), ``ready`` once
+    the full variants are (or their compile ended in a failure: the launches then compile what they
+    need themselves)."""
+
+    __slots__ = ("first", "ready")
+
+    def __init__(self):
+        self.first, self.ready = threading.Event(), threading.Event()
+
+
+def wait_for_kernels(timeout: float | None = None) -> bool:
+    """Wait until the full kernel variants of every problem met so far are compiled (the quick tier's
+    background compiles are over); True if they are, False if ``timeout`` seconds passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _lock:
+        pending = [c.ready for c in _states.values()]
+    for ready in pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not ready.wait(left):
+            return False
+    return True
 
 
 def tokens_of(plan):
@@ -103,11 +147,13 @@ def problem_of(plan):
 
 
 class _OneAtATime(ASTSource):
-    """A kernel's source whose Python code generation holds ``_front_end`` (the same cache key as
+    """A kernel's source whose Python code generation holds ``launch.FRONT_END`` (the same cache key as
     ASTSource's)."""
 
     def make_ir(self, *args, **kwargs):
-        with _front_end:
+        from .kernels.launch import FRONT_END
+
+        with FRONT_END:
             return super().make_ir(*args, **kwargs)
 
 
@@ -115,12 +161,31 @@ def compile_problem(problem, target, n_threads: int, tokens=None) -> int:
     """Compile the kernel variants of ``problem``'s training step (``tokens``: of packed calls at those
     token counts only) for ``target`` in ``n_threads`` threads into Triton's cache (variants already
     there are found, not compiled); the number of variants."""
-    from ..warmup import problem_specializations
+    full, _ = training_step_items(problem, target, tokens)
+    compile_items(full, target, n_threads)
+    return len(full)
+
+
+def training_step_items(problem, target, tokens=None) -> tuple[list, list]:
+    """(full, quick): the (kernel name, specialization) items of ``problem``'s training step for
+    ``target`` (``tokens``: of packed calls at those token counts only), and of its quick twins.
+    Records the step's launches: call it in the thread that runs the op (the recording is the
+    process's, not the thread's)."""
+    from ..warmup import _record, launch_specializations
+
+    launches = _record(problem, tokens)
+    full = list(launch_specializations(launches, target).values())
+    quick = list(launch_specializations(launches, target, quick=True).values())
+    return full, quick
+
+
+def compile_items(items, target, n_threads: int) -> None:
+    """Compile (kernel name, specialization) items for ``target`` in ``n_threads`` threads into Triton's
+    cache (any thread may call this)."""
     from .kernels import launch
 
     launch.cache_keys_in_fixed_order()  # before any thread hashes a kernel (launch.py)
     fns = {k.name: k.fn for k in launch.KERNELS}
-    items = list(problem_specializations([problem], target, tokens).values())
 
     def compile_one(item):
         name, (options, signature, constexprs, attrs) = item
@@ -130,7 +195,6 @@ def compile_problem(problem, target, n_threads: int, tokens=None) -> int:
     with ThreadPoolExecutor(max(1, min(n_threads, len(items)))) as pool:
         for _ in pool.map(compile_one, items):
             pass
-    return len(items)
 
 
 def marker_path(problem, target, tokens=None) -> str:
@@ -147,29 +211,69 @@ def marker_path(problem, target, tokens=None) -> str:
     return os.path.join(knobs.cache.dir, "cakeconv_compile_ahead", hashlib.sha256(text.encode()).hexdigest())
 
 
-def _compile_once(problem, target, n: int, tokens=None) -> None:
+def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = True) -> None:
     """The problem's compile ahead (``tokens``: of that regime), unless a marker says an earlier process
-    (or the warm-up) did it."""
+    (or the warm-up) did it: the quick twins (waited for) and the full variants in the background, or
+    (no quick tier) the full variants, waited for. Sets ``state.first``, and ``state.ready`` unless a
+    background compile will."""
     if os.path.exists(marker_path(problem, target)) or (
             tokens is not None and os.path.exists(marker_path(problem, target, tokens))):
-        return  # the launches load the kernels from the cache
+        state.ready.set()  # the launches load the kernels from the cache
+        return
     from ..warmup import ONE_GROUP_S
 
     level = logging.WARNING if _leading_process() else logging.INFO
     groups = None if tokens is None else "one group" if tokens[0] <= ONE_GROUP_S else "several groups"
     regime = "" if groups is None else f" ({groups} of the dweight tree)"
-    _log.log(level, "cakeconv: compiling the training step's kernels of %s%s for sm_%s in up to %d threads (once "
-             "per problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)", problem, regime,
-             target.arch, n)
     start = time.perf_counter()
     _local.busy = True
     try:
         with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
-            count = compile_problem(problem, target, n, tokens)
+            full, twins = training_step_items(problem, target, tokens)
     finally:
         _local.busy = False
-    write_marker(problem, target, tokens)
-    _log.log(level, "cakeconv: %s kernel variants of %s ready in %.1f s", count, problem, time.perf_counter() - start)
+    if not quick:
+        _log.log(level, "cakeconv: compiling the training step's %d kernel variants of %s%s for sm_%s in up to %d "
+                 "threads (once per problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)",
+                 len(full), problem, regime, target.arch, n)
+        _compile_full(state, full, problem, target, n, tokens, level, start)
+        return
+    _log.log(level, "cakeconv: compiling %d quick kernel variants of %s%s for sm_%s in up to %d threads, for the "
+             "first steps; the training step's %d full variants follow in the background (once per problem and "
+             "Triton cache; `python -m cakeconv warmup` compiles them ahead)", len(twins), problem, regime,
+             target.arch, n, len(full))
+    try:
+        compile_items(twins, target, n)
+    except BaseException:
+        state.ready.set()  # no twins to run: the launches compile the full variants themselves
+        raise
+    _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s; the full ones compile in the background",
+             problem, time.perf_counter() - start)
+    threading.Thread(target=_compile_full, args=(state, full, problem, target, n, tokens, level, start),
+                     name="cakeconv-compile", daemon=True).start()
+
+
+def _compile_full(state: _Compile, full, problem, target, n: int, tokens, level: int, start: float) -> None:
+    """Compile the full variants, write the marker, say so, and set ``state.ready`` (whatever happens)."""
+    try:
+        compile_items(full, target, n)
+        write_marker(problem, target, tokens)
+        _log.log(level, "cakeconv: %d kernel variants of %s ready in %.1f s", len(full), problem,
+                 time.perf_counter() - start)
+    except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
+        _warn(exc)
+    finally:
+        state.ready.set()
+
+
+def _warn(exc) -> None:
+    """Say once per process that the compile ahead failed (the launches then compile what they need)."""
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(f"cakeconv could not compile the training step's kernels ahead ({type(exc).__name__}: "
+                      f"{exc}); each compiles on its first launch instead. {ENV_THREADS}=0 turns the "
+                      f"compile ahead off.", RuntimeWarning, stacklevel=3)
 
 
 def _leading_process() -> bool:
@@ -190,14 +294,16 @@ def write_marker(problem, target, tokens=None) -> None:
 
 def before_training_step(plan) -> None:
     """Once per problem (packed rows with ``cu_seqlens``: per problem and regime) and process: compile
-    the training-step kernels side by side (see the module docstring). Marks the plan so that its
-    later calls skip this at the cost of one attribute read."""
+    the training-step kernels ahead (see the module docstring); while the full ones compile in the
+    background, the plan's launches run their quick twins. Marks the plan so that its later calls
+    skip this at the cost of one attribute read."""
     plan.ahead = True
     if getattr(_local, "busy", False):  # the representative calls below run the op themselves
         return
     n = threads()
     if n <= 1:
         return
+    quick = quick_tier()
     try:
         problem = problem_of(plan)
         if problem is None:
@@ -208,23 +314,21 @@ def before_training_step(plan) -> None:
         major, minor = torch.cuda.get_device_capability(plan.device_index)
         key = (10 * major + minor, problem, tokens)
         with _lock:
-            over = _done.get(key)
-            if over is None:
-                _done[key] = over = threading.Event()
-                mine = True
-            else:
-                mine = False
-        if not mine:  # another thread compiles it: wait, so that this one's launches compile nothing alongside
-            over.wait()
-            return
-        try:
-            _compile_once(problem, cuda_target(key[0]), n, tokens)
-        finally:
-            over.set()
+            state = _states.get(key)
+            mine = state is None
+            if mine:
+                state = _states[key] = _Compile()
+        if mine:
+            try:
+                _start(state, problem, cuda_target(key[0]), n, tokens, quick)
+            except BaseException:
+                state.ready.set()
+                raise
+            finally:
+                state.first.set()
+        else:  # another thread started it: wait, so that this one's launches compile nothing alongside
+            state.first.wait()
+        if not state.ready.is_set():
+            plan.run_early_until(state.ready)
     except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
-        global _warned
-        if not _warned:
-            _warned = True
-            warnings.warn(f"cakeconv could not compile the training step's kernels ahead ({type(exc).__name__}: "
-                          f"{exc}); each compiles on its first launch instead. {ENV_THREADS}=0 turns the "
-                          f"compile ahead off.", RuntimeWarning, stacklevel=3)
+        _warn(exc)

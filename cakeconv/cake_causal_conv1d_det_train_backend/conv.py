@@ -48,6 +48,7 @@ from torch import Tensor
 
 from . import checks, compile_ahead
 from .kernels.launch import (
+    EarlyLaunch,
     _cuda_getDevice,
     backward_workspace_floats,
     optional_meta,
@@ -133,10 +134,12 @@ class Plan:
     ``fwd``: the prepared forward launch when the fast path applies (Triton backend, S > 0, x's rows
     viewable without a copy, contiguous taps and bias), else None; ``backward_for`` gives the
     prepared backward per dy layout. Holds no tensor (a later call's cu_seqlens is its own).
+    ``ready``: while the training step's full kernels compile in the background, the event that says
+    they are done (``run_early_until``); its launches run their quick twins until then.
     """
 
     __slots__ = ("S", "C", "W", "activation", "seq_len", "backend", "dtype", "device_index", "gdt", "n_ws", "fwd",
-                 "_bwd", "_layout", "ahead")
+                 "_bwd", "_layout", "ahead", "ready")
 
     def __init__(self, p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu: Optional[Tensor]):
         self.S, self.C, self.seq_len, self.backend = p.S, p.C, p.seq_len, p.backend
@@ -149,6 +152,7 @@ class Plan:
         self._bwd: dict = {}
         self._layout = None
         self.ahead = False  # compile_ahead.before_training_step ran for this plan
+        self.ready = None
         if p.backend != "triton" or p.S == 0 or not weight.is_contiguous() or not (bias is None or bias.is_contiguous()):
             return
         x_stride = _row_stride(x, p.S, p.C)
@@ -158,6 +162,21 @@ class Plan:
         self._layout = (x_stride, weight.dtype, *optional_meta(bias, cu))
         self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, *self._layout[1:], p.seq_len,
                                    width=p.W, activation=p.activation)
+
+    def run_early_until(self, ready) -> None:
+        """Run the quick twins of this plan's launches (the forward's, the backward's prepared so far
+        and later) until ``ready`` (a ``threading.Event``) is set (compile_ahead.py)."""
+        self.ready = ready
+        if ready.is_set():
+            return
+        if self.fwd is not None:
+            x_stride, *rest = self._layout
+            quick = prepare_forward(self.S, self.C, x_stride, self.C, self.dtype, *rest, self.seq_len,
+                                    width=self.W, activation=self.activation, quick=True)
+            self.fwd.early = EarlyLaunch(quick, ready, self.device_index >= 0)
+        for launches, args in self._bwd.values():
+            if launches:
+                launches.early = EarlyLaunch(self._prepare_backward(*args, quick=True), ready, self.device_index >= 0)
 
     def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype, dx_stride: Optional[int] = None):
         """The prepared backward launches for this dy (checked here the first time its layout is
@@ -169,19 +188,25 @@ class Plan:
         except (AttributeError, TypeError):  # not a tensor: the check names it
             checks.check_dy(dy, x)
             raise
-        launches = self._bwd.get(key)
-        if launches is None:
+        found = self._bwd.get(key)
+        if found is None:
             checks.check_dy(dy, x)
-            launches = False
+            launches, args = False, None
             dy_stride = _row_stride(dy, self.S, self.C) if self._layout is not None else None
             if dy_stride is not None:
-                x_stride, w_dtype, b_dtype, cu_dtype, n_cu = self._layout
-                launches = prepare_backward(self.S, self.C, x_stride, dy_stride, dx_stride or self.C, self.dtype,
-                                            dy.dtype, w_dtype,
-                                            b_dtype, cu_dtype, n_cu, self.seq_len, dw_dtype, width=self.W,
-                                            activation=self.activation)
-            self._bwd[key] = launches
-        return launches or None
+                args = (dy_stride, dy.dtype, dw_dtype, dx_stride or self.C)
+                launches = self._prepare_backward(*args)
+                if self.ready is not None and not self.ready.is_set():
+                    launches.early = EarlyLaunch(self._prepare_backward(*args, quick=True), self.ready,
+                                                 self.device_index >= 0)
+            found = self._bwd[key] = (launches, args)
+        return found[0] or None
+
+    def _prepare_backward(self, dy_stride, dy_dtype, dw_dtype, dx_stride, quick=False):
+        x_stride, w_dtype, b_dtype, cu_dtype, n_cu = self._layout
+        return prepare_backward(self.S, self.C, x_stride, dy_stride, dx_stride, self.dtype, dy_dtype, w_dtype,
+                                b_dtype, cu_dtype, n_cu, self.seq_len, dw_dtype, width=self.W,
+                                activation=self.activation, quick=quick)
 
 
 def _row_stride(t: Tensor, S: int, C: int) -> Optional[int]:

@@ -22,6 +22,11 @@ Triton's specialization:
   The fast path passes the addresses as integers;
 - constexprs and the launch options (warps, register cap): in the key as values.
 
+Quick twins. The forward and backward launches of a plan may carry an ``EarlyLaunch``: the same
+launch with the kernels' ``QUICK`` constexpr set (one code path for every program: the same bits,
+a compile several times shorter, a slower run). While the full variants compile in the background
+(compile_ahead.py) the twin runs; once they are ready, the launch drops it and runs its own.
+
 The package's tests record the launches of every launcher (``record_launches``) and check on
 the CPU, with Triton's own specialization code for sm_90, that equal keys mean equal
 specializations and that every recorded launch compiles.
@@ -30,6 +35,7 @@ specializations and that every recorded launch compiles.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +66,10 @@ except ImportError:  # CPU build (the interpreter and the recorder need neither)
     _cuda_getCurrentRawStream = _cuda_getDevice = None
 
 SEGMENT_IDS_VALUE = SEGMENT_IDS.value  # HAS_CU of a launch with per-token segment ids
+# Held by a launch through Triton's own path (which compiles on a cache miss) and by compile_ahead.py's
+# threads while Triton turns a kernel's syntax tree into IR: CPython 3.11's ast.parse is not safe in
+# two threads at once, and the background compile of the full variants runs beside the launches.
+FRONT_END = threading.Lock()
 _GROUP_BLK = 64
 # Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
 # code path (masked / unmasked, varlen / uniform) and not in another, which changes bits.
@@ -191,7 +201,9 @@ class Prepared:
                 fn(grid[0], grid[1], grid[2], _cuda_getCurrentRawStream(device), *head, *addrs, *self.args)
                 return
         cache_keys_in_fixed_order()
-        compiled = self.kernel.fn[self.grid](*pointers, *self.args, **_options(self.warps, self.maxnreg, self.kernel.pdl))
+        with FRONT_END:
+            compiled = self.kernel.fn[self.grid](*pointers, *self.args,
+                                                 **_options(self.warps, self.maxnreg, self.kernel.pdl))
         if not bits & 15:
             self.kernel._compiled[(device, self.key)] = compiled
             self._device, self._direct = device, direct_launch(compiled)
@@ -227,6 +239,8 @@ BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
 HALO_GATHER = Kernel(cake_halo_gather_kernel)
 SEGMENT_IDS_BUILD = Kernel(cake_segment_ids_kernel)
 KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
+QUICK_KERNELS = (FWD, BWD, BWD_ONE_GROUP)  # their last constexpr is QUICK (0 or 1: the quick twin)
+assert all(k.fn.arg_names[-1] == "QUICK" for k in QUICK_KERNELS)
 _CACHE_KEYS_READY = False
 
 
@@ -331,21 +345,49 @@ def _ids_apply(S, C, n_cu) -> bool:
     return n_cu is not None and use_segment_ids(n_cu - 1, S, C)
 
 
+class EarlyLaunch:
+    """A launch's quick twin (``prepare_forward`` / ``prepare_backward`` with ``quick=True``), run in
+    its place until ``ready`` (a ``threading.Event``) is set: the full variants are then in Triton's
+    cache. Capturing a CUDA graph waits for them instead (a graph keeps the kernels it captured);
+    ``on_gpu``: the launches run on a CUDA device (only there can a graph be captured)."""
+
+    __slots__ = ("launch", "ready", "on_gpu")
+
+    def __init__(self, launch, ready, on_gpu: bool):
+        self.launch, self.ready, self.on_gpu = launch, ready, on_gpu
+
+    def active(self) -> bool:
+        """True while the twin runs in the launch's place."""
+        if self.ready.is_set():
+            return False
+        if self.on_gpu and torch.cuda.is_current_stream_capturing():
+            self.ready.wait()
+            return False
+        return True
+
+
 class ForwardLaunch:
     """The forward kernel's launch for one operand layout (``prepare_forward``).
 
     ``run(x_SC, w_CW, b_C, cu, y_SC, hist_NHC=None)`` with tensors of the layout it was prepared
     for (x and y may be any views of those rows, e.g. [1, S, C]: only their addresses are read).
     ``ids``: the variant reading per-token segment indices (None where it does not apply); it runs
-    while ``use_ids`` is set, with cu's index buffer as its cu pointer.
+    while ``use_ids`` is set, with cu's index buffer as its cu pointer. ``early``: an ``EarlyLaunch``
+    to run instead while it is active (None: none).
     """
 
-    __slots__ = ("main", "ids", "S")
+    __slots__ = ("main", "ids", "S", "early")
 
     def __init__(self, main: Prepared, ids, S: int):
-        self.main, self.ids, self.S = main, ids, S
+        self.main, self.ids, self.S, self.early = main, ids, S, None
 
     def run(self, x_SC, w_CW, b_C, cu, y_SC, hist_NHC=None):
+        early = self.early
+        if early is not None:
+            if early.active():
+                early.launch.run(x_SC, w_CW, b_C, cu, y_SC, hist_NHC)
+                return
+            self.early = None
         # b, cu and hist stand in with w when absent (the kernel does not read them then)
         b = w_CW if b_C is None else b_C
         hist = w_CW if hist_NHC is None else hist_NHC
@@ -356,11 +398,11 @@ class ForwardLaunch:
 
 
 def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtype, n_cu, seq_len,
-                    has_hist=False, config=None, *, width=TAPS, activation="silu") -> ForwardLaunch:
+                    has_hist=False, config=None, *, width=TAPS, activation="silu", quick=False) -> ForwardLaunch:
     """The forward launch for S > 0 rows of C channels: row strides (multiples of 8) and dtypes of
     x / y (y has x's dtype), w, b (None: no bias) and cu (None: uniform documents of seq_len);
     n_cu = cu_seqlens.shape[0]; has_hist: KCP history rows are given (x's dtype); the taps'
-    width W and the activation ("silu" or None)."""
+    width W and the activation ("silu" or None); quick: the kernel's QUICK variant (same bits)."""
     act = activation_flag(activation)
     assert S > 0
     n_seg, T = _segments(S, n_cu, seq_len)
@@ -370,7 +412,7 @@ def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtyp
 
     def variant(has_cu, cu_t):
         consts = (x_stride // 8, y_stride // 8, b_dtype is not None, has_cu, has_hist, cfg.R, cfg.SUB, cfg.BC, cfg.stages,
-                  width, act)
+                  width, act, int(quick))
         return FWD.prepare(grid, (x_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype), (S, C // 8, n_seg, T),
                            consts, cfg.num_warps, cfg.maxnreg)
 
@@ -445,15 +487,24 @@ class BackwardLaunches:
     ``run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None,
     tickets_in_workspace=False)`` with tensors of the layout it was prepared for; writes dx, dw and
     (if given) db. ``tickets_in_workspace``: see ``TicketCounters`` (the custom ops set it).
+    ``early``: as for ``ForwardLaunch``.
     """
 
-    __slots__ = ("main", "ids", "group", "S", "tickets")
+    __slots__ = ("main", "ids", "group", "S", "tickets", "early")
 
     def __init__(self, main: Prepared, ids, group, S: int, tickets):
         self.main, self.ids, self.group, self.S, self.tickets = main, ids, group, S, tickets
+        self.early = None
 
     def run(self, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC=None, fut_NHC=None,
             tickets_in_workspace=False):
+        early = self.early
+        if early is not None:
+            if early.active():
+                early.launch.run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC,
+                                 tickets_in_workspace)
+                return
+            self.early = None
         w = w_CW  # stands in for the absent optional pointers
         b = w if b_C is None else b_C
         hist = w if hist_NHC is None else hist_NHC
@@ -474,12 +525,12 @@ class BackwardLaunches:
 
 def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_dtype, b_dtype, cu_dtype,
                      n_cu, seq_len, dw_dtype, has_hist=False, has_fut=False, config=None, *, width=TAPS,
-                     activation="silu") -> BackwardLaunches:
+                     activation="silu", quick=False) -> BackwardLaunches:
     """The backward launches for S > 0 rows of C channels: row strides (multiples of 8) of x, dy and
     dx (dx has x's dtype), the dtypes of x, dy, w, b (None: no bias; db then has dw's dtype too),
     cu (None: uniform documents of seq_len) and dw; n_cu = cu_seqlens.shape[0]; has_hist /
     has_fut: KCP halo rows given (hist: x's dtype; fut: FP32); the taps' width W and the
-    activation ("silu" or None)."""
+    activation ("silu" or None); quick: the main kernels' QUICK variant (same bits)."""
     assert S > 0 and (has_hist or not has_fut)
     act = activation_flag(activation)
     cfg = config or tuning.pick_bwd_config(C, x_dtype.itemsize, INTERPRET, has_bias=b_dtype is not None, width=width)
@@ -501,11 +552,11 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
         dtypes = (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype)
         if one_group:  # + dw, db (dw's dtype) and the int32 tickets; the last program adds [M, EPI_BC] at a time
             epi_bc = min(cfg.BC, 1024 * cfg.num_warps // M)  # 32 floats a thread
+            consts = (*consts, M, LOG2_TREE_LEAVES - logr, epi_bc, int(quick))
             return BWD_ONE_GROUP.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), (*dtypes, dw_dtype, torch.int32),
-                                         (S, C // 8, n_seg, T), (*consts, M, LOG2_TREE_LEAVES - logr, epi_bc),
-                                         cfg.num_warps, cfg.maxnreg)
-        return BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), dtypes, (S, C // 8, n_seg, T), consts, cfg.num_warps,
-                           cfg.maxnreg)
+                                         (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
+        return BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), dtypes, (S, C // 8, n_seg, T), (*consts, int(quick)),
+                           cfg.num_warps, cfg.maxnreg)
 
     # the nodes are the workspace's first n_nodes * C5 floats, the group sums start at leaf n_leaves
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)
