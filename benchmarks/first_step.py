@@ -27,10 +27,15 @@ import tempfile  # noqa: E402
 
 from benchmarks.report import REPO_ROOT, git_commit, log, write_json, write_result_files  # noqa: E402 (no torch)
 
-LIBRARIES = ("cakeconv", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao", "dao_det")
+LIBRARIES = ("cakeconv", "cakeconv_no_quick", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao",
+             "dao_det")
 DOC_EDGES = (0.0, 0.10, 0.35, 0.65, 1.0)  # document boundaries, fractions of S
+ROW_ENV = {"cakeconv_no_quick": {"CAKECONV_QUICK_KERNELS": "0"},  # the environment of each row's processes
+           "cakeconv_one_thread": {"CAKECONV_COMPILE_THREADS": "1"}, "dao": {"CAUSAL_CONV1D_DETERMINISTIC": "0"},
+           "dao_det": {"CAUSAL_CONV1D_DETERMINISTIC": "1"}}
 WIDTH, STRIDE_FACTOR = 4, 3  # taps; the stride case's x is a slice [:, :C] of [S, 3C]
-DRY_SKIP = {"cakeconv_one_thread": "dry run: the reference backend compiles nothing, in any number of threads",
+DRY_SKIP = {**dict.fromkeys(("cakeconv_one_thread", "cakeconv_no_quick"), "dry run: the reference backend compiles "
+                             "nothing, in any number of threads"),
             "cakeconv_after_warmup": "dry run: the warm-up compiles for a GPU target (minutes on a CPU)",
             "fla": "dry run: FLA's causal_conv1d is Triton and needs a CUDA GPU",
             **dict.fromkeys(("dao", "dao_det"), "dry run: causal-conv1d is a CUDA extension")}
@@ -40,11 +45,14 @@ ROW_FIELDS = (
     "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms", "steady_max_ms", "steady_calls",
     *(f"{p}_{k}" for p in KERNELS for k in ("compiled", "cache_hits")), "triton_compile_s", "warm_cache_import_s",
     "warm_cache_first_call_s", "warm_cache_first_step_s", "warm_cache_compiled", "warm_cache_cache_hits", "gpu",
+    "kernels_ready_s",
     "cold_process_s", "warm_process_s", "profile_process_s", "warm_profile", "device", "torch", "triton", "date",
     "commit")
 OPTIONS = (  # (name, default, help)
-    ("libraries", ",".join(LIBRARIES), "rows, in order: cakeconv, cakeconv_one_thread (CAKECONV_COMPILE_THREADS=1: "
-     "each kernel compiled at its first launch), cakeconv_after_warmup (after python -m cakeconv "
+    ("libraries", ",".join(LIBRARIES), "rows, in order: cakeconv (quick twins first, the full kernels in the "
+     "background), cakeconv_no_quick (CAKECONV_QUICK_KERNELS=0: the full kernels side by side, waited for), "
+     "cakeconv_one_thread (CAKECONV_COMPILE_THREADS=1: each kernel compiled at its first launch), "
+     "cakeconv_after_warmup (after python -m cakeconv "
      "warmup into the empty cache), fla (FLA's Triton causal_conv1d), dao and dao_det (causal_conv1d_fn, "
      "CAUSAL_CONV1D_DETERMINISTIC 0 and 1)"),
     ("tokens", 32768, "S packed tokens"), ("channels", 512, "C of the first step, the stride case, the steady calls"),
@@ -214,6 +222,10 @@ def child_main(args) -> None:
         except Exception as exc:  # noqa: BLE001 - a case the library refuses: said in the row, the rest measured
             out["error"] = joined(out.get("error"), f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
         write_json(args.child_out, {**out, "triton_compile_s": counter.compile_seconds()})
+    if args.child.startswith("cakeconv"):  # the steady calls run the full kernels: wait for their compile
+        from cakeconv.cake_causal_conv1d_det_train_backend.compile_ahead import wait_for_kernels
+        wait_for_kernels()
+        out["kernels_ready_s"] = time.time() - args.spawn_time
     mark = counter.mark()
     times = [fwd_bwd(op, base, sync) * 1e3 for _ in range(args.steady_calls)]
     out.update(steady_ms=statistics.median(times), steady_max_ms=max(times), steady_calls=len(times))
@@ -234,12 +246,9 @@ def run_file(args, cmd, library: str, work: str, path: str, spawn_time: bool = F
     timeout, stderr, found = min(args.process_timeout, left), None, {}
     env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(work, "triton_cache"), FLA_GLUON="0",
                PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
-    env.pop("CAUSAL_CONV1D_DETERMINISTIC", None)
-    env.pop("CAKECONV_COMPILE_THREADS", None)
-    if library == "cakeconv_one_thread":
-        env["CAKECONV_COMPILE_THREADS"] = "1"
-    if library in ("dao", "dao_det"):
-        env["CAUSAL_CONV1D_DETERMINISTIC"] = "1" if library == "dao_det" else "0"
+    for name in ("CAUSAL_CONV1D_DETERMINISTIC", "CAKECONV_COMPILE_THREADS", "CAKECONV_QUICK_KERNELS"):
+        env.pop(name, None)
+    env.update(ROW_ENV.get(library, {}))
     with contextlib.suppress(AttributeError, OSError, ValueError):
         stderr = sys.stderr.fileno()
     t0 = time.perf_counter()
@@ -320,6 +329,7 @@ def table(rows) -> str:
             ("1st call s", 11, ".3f", "first_call_s"), ("1st step s", 11, ".2f", "first_step_s"),
             ("kernels", 9, "+", "first_step"), ("new C s", 9, ".3f", "new_c_s"), ("kernels", 9, "+", "new_c"),
             ("stride s", 9, ".3f", "new_stride_s"), ("kernels", 9, "+", "new_stride"),
+            ("full kernels s", 15, ".1f", "kernels_ready_s"),
             ("steady ms", 10, ".3f", "steady_ms"), ("max ms", 8, ".2f", "steady_max_ms"),
             ("warm cache 1st step s", 22, ".2f", "warm_cache_first_step_s"), ("kernels", 9, "+", "warm_cache"))
     lines = [f"{'library':<23}" + "".join(f"{h:>{w}}" for h, w, _, _ in cols) + "  version"]

@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 import cakeconv
 from benchmarks.report import REPO_ROOT, log, pyplot, read_jsonl, run_environment, text_table, write_csv, write_jsonl
-from benchmarks.timing import HOST_AHEAD_MIN_US, DeviceClock, auto_ahead_us, eager_forms, rotation, wall_samples
+from benchmarks.timing import (HOST_AHEAD_MIN_US, DeviceClock, auto_ahead_us, eager_forms, full_kernels_ready, rotation,
+                               wall_samples)
 
 SEED_DOC_LENGTHS = (15945, 21845, 27746)  # the seed's workload, T = 65,536; --tokens scales it
 LAYOUTS = ("contiguous", "zigzag", "zigzag_per_document")
@@ -197,6 +198,7 @@ def time_gpu(operands: dict, clock: RankClock, args, device) -> dict:
         for name in rotation(names, r):
             step(*operands[name])
         clock.sync()
+    full_kernels_ready()
     if args.host_ahead_auto and clock.cuda:
         clock.window(AHEAD_MAX_US / 10)  # the GPU far behind while the host time is measured
         host_K = torch.tensor([max(step(*operands[n])[2] for n in names)], dtype=torch.float64, device=device)

@@ -17,7 +17,7 @@ import pytest
 import benchmarks.first_step as bench_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PLANNED = ["cakeconv", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao", "dao_det"]
+PLANNED = ["cakeconv", "cakeconv_no_quick", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao", "dao_det"]
 MEASURES = ["import_s", "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms",
             "steady_max_ms", "warm_cache_import_s", "warm_cache_first_call_s", "warm_cache_first_step_s"]
 COUNTS = ["first_step_compiled", "first_step_cache_hits", "new_c_compiled", "new_c_cache_hits",
@@ -60,6 +60,7 @@ def test_dry_run_rows(tmp_path, bench):
     assert cake["first_step_s"] >= cake["import_s"] + cake["first_call_s"]  # from the process start
     assert cake["startup_s"] >= 0 and cake["cold_process_s"] >= cake["first_step_s"]
     assert cake["steady_max_ms"] >= cake["steady_ms"]
+    assert cake["first_step_s"] <= cake["kernels_ready_s"]  # waited for the full kernels before the steady calls
     assert all(cake[k] == 0 for k in COUNTS), {k: cake[k] for k in COUNTS}  # the reference backend compiles nothing
     # a third process on the warm cache profiled its first fwd+bwd: the call itself heads the list
     top = cake["warm_profile"]
