@@ -157,15 +157,6 @@ class _OneAtATime(ASTSource):
             return super().make_ir(*args, **kwargs)
 
 
-def compile_problem(problem, target, n_threads: int, tokens=None) -> int:
-    """Compile the kernel variants of ``problem``'s training step (``tokens``: of packed calls at those
-    token counts only) for ``target`` in ``n_threads`` threads into Triton's cache (variants already
-    there are found, not compiled); the number of variants."""
-    full, _ = training_step_items(problem, target, tokens)
-    compile_items(full, target, n_threads)
-    return len(full)
-
-
 def training_step_items(problem, target, tokens=None) -> tuple[list, list]:
     """(full, quick): the (kernel name, specialization) items of ``problem``'s training step for
     ``target`` (``tokens``: of packed calls at those token counts only), and of its quick twins.
@@ -273,7 +264,7 @@ def _warn(exc) -> None:
         _warned = True
         warnings.warn(f"cakeconv could not compile the training step's kernels ahead ({type(exc).__name__}: "
                       f"{exc}); each compiles on its first launch instead. {ENV_THREADS}=0 turns the "
-                      f"compile ahead off.", RuntimeWarning, stacklevel=3)
+                      f"compile ahead off.", RuntimeWarning, stacklevel=4)
 
 
 def _leading_process() -> bool:
