@@ -443,3 +443,58 @@ def test_triton_plan_runs_the_quick_twins_until_the_full_kernels_are_ready():
     assert flags == [0, 0] and all(torch.equal(a, c) for a, c in zip(want, got))
     assert plan.fwd.early is None
     conv._plans.clear()
+
+
+def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monkeypatch, tmp_path):
+    """The whole quick tier on the interpreted kernels (compile_ahead.py, with the problem and the
+    compiles stood in: the CPU has no CUDA device and the interpreter compiles nothing): the first
+    training steps of a problem launch the QUICK twins while the full variants "compile" in the
+    background thread; once that ends, the same plan and a new one launch the full kernels; every
+    step's bits are the same."""
+    import threading
+
+    from cakeconv.cake_causal_conv1d_det_train_backend import compile_ahead, conv
+    from cakeconv.warmup import WarmupProblem, wait_for_kernels
+
+    release, compiles = threading.Event(), []
+
+    def compile_items(items, target, n_threads):
+        compiles.append(threading.current_thread() is threading.main_thread())
+        if not compiles[-1]:
+            assert release.wait(60), "not released"
+
+    monkeypatch.setattr(compile_ahead, "_states", {})
+    monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(16, bias=True))
+    monkeypatch.setattr(compile_ahead, "training_step_items", lambda problem, target, tokens=None: ([], []))
+    monkeypatch.setattr(compile_ahead, "marker_path", lambda *args: str(tmp_path / "no_marker"))
+    monkeypatch.setattr(compile_ahead, "write_marker", lambda *args: None)
+    monkeypatch.setattr(compile_ahead, "compile_items", compile_items)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setenv(compile_ahead.ENV_THREADS, "2")
+    monkeypatch.delenv(compile_ahead.ENV_QUICK, raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    conv._plans.clear()
+    S, C = 150, 16
+    x, w, b, dy = make_inputs(S, C, seed=32)
+
+    def step(cu):
+        xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+        with triton_launch.record_launches(launch=True) as launches:
+            y = cake_causal_conv1d_det(xr, wr, br, cu_seqlens=cu, backend="triton")
+            y.backward(dy)
+        flags = [r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS]
+        return flags, (y.detach(), xr.grad, wr.grad, br.grad)
+
+    cu = torch.tensor([0, 40, 41, S], dtype=torch.int32)
+    flags, want = step(cu)
+    assert flags == [1, 1] and compiles == [True, False] and not wait_for_kernels(0)
+    flags, got = step(cu)
+    assert flags == [1, 1] and all(torch.equal(a, c) for a, c in zip(want, got))
+    release.set()
+    assert wait_for_kernels(10)
+    flags, got = step(cu)
+    assert flags == [0, 0] and all(torch.equal(a, c) for a, c in zip(want, got))
+    other = torch.tensor([0, 60, S], dtype=torch.int32)  # a new plan of the same problem, after the switch
+    flags, _ = step(other)
+    assert flags == [0, 0] and compiles == [True, False]
+    conv._plans.clear()
