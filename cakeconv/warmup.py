@@ -328,8 +328,25 @@ def _list(text, convert):
     return [convert(v) for v in str(text).split(",") if v != ""]
 
 
-def main(argv=None) -> int:
-    """``python -m cakeconv warmup``: the command line of ``warmup``."""
+def command_line(problem: WarmupProblem, target_arch: int, tokens=None, jobs=None) -> list:
+    """The arguments of ``python -m cakeconv warmup`` that compile ``problem``'s training-step kernels
+    for sm_<target_arch> (``tokens``: of packed calls at those token counts only; ``jobs`` processes):
+    what a first training step starts in the background (compile_ahead.py)."""
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    argv = ["--channels", str(problem.C), "--dtype", names[problem.dtype], "--weight-dtype",
+            names[problem.weight_dtype], "--bias", "yes" if problem.bias else "no", "--width", str(problem.width),
+            "--activation", problem.activation or "none", "--cu-dtype", str(problem.cu_dtype).removeprefix("torch."),
+            "--target", f"sm_{target_arch}"]
+    if problem.mamba_ssm_row_stride is not None:
+        argv += ["--mamba-ssm-row-stride", str(problem.mamba_ssm_row_stride)]
+    if tokens:
+        argv += ["--tokens", ",".join(str(S) for S in tokens)]
+    return argv + (["--jobs", str(jobs)] if jobs else [])
+
+
+def parse_command_line(argv) -> tuple:
+    """(problems, options) of a ``python -m cakeconv warmup`` command line (ValueError: a bad value;
+    argparse exits on an unknown option or dtype)."""
     ap = argparse.ArgumentParser(prog="python -m cakeconv warmup", description=warmup.__doc__.splitlines()[0])
     ap.add_argument("--channels", required=True, help="channel counts C, comma-separated (e.g. 512,2048)")
     ap.add_argument("--dtype", default="bf16", help="x dtypes: bf16, fp16, fp32 (comma-separated)")
@@ -355,19 +372,25 @@ def main(argv=None) -> int:
         ap.error(f"unknown dtype {error}")
     acts = _list(a.activation, lambda v: None if v.lower() == "none" else v)
     biases = {"no": [False], "yes": [True], "both": [False, True]}[a.bias]
+    channels = _list(a.channels, int)
+    strides = _list(a.mamba_ssm_row_stride, int)
+    if strides and len(strides) != len(channels):
+        raise ValueError(f"--mamba-ssm-row-stride needs one stride per --channels entry, got {strides} for {channels}")
+    layouts = [(C, [strides[i]] if strides else [None]) for i, C in enumerate(channels)]
+    problems = [WarmupProblem(C, d, wd, b, W, act, cu, stride)
+                for C, stride_list in layouts for stride in stride_list for d in dtypes for wd in wdtypes
+                for b in biases for W in _list(a.width, int) for act in acts
+                for cu in (cu_dtypes if stride is None else cu_dtypes[:1])]
+    a.tokens = _list(a.tokens, int) or None
+    return problems, a
+
+
+def main(argv=None) -> int:
+    """``python -m cakeconv warmup``: the command line of ``warmup``."""
     try:
-        channels = _list(a.channels, int)
-        strides = _list(a.mamba_ssm_row_stride, int)
-        if strides and len(strides) != len(channels):
-            raise ValueError(f"--mamba-ssm-row-stride needs one stride per --channels entry, got {strides} for "
-                             f"{channels}")
-        layouts = [(C, [strides[i]] if strides else [None]) for i, C in enumerate(channels)]
-        problems = [WarmupProblem(C, d, wd, b, W, act, cu, stride)
-                    for C, stride_list in layouts for stride in stride_list for d in dtypes for wd in wdtypes
-                    for b in biases for W in _list(a.width, int) for act in acts
-                    for cu in (cu_dtypes if stride is None else cu_dtypes[:1])]
+        problems, a = parse_command_line(argv)
         report = warmup(problems, target=a.target, jobs=a.jobs, progress=lambda line: print(line, flush=True),
-                        tokens=_list(a.tokens, int) or None)
+                        tokens=a.tokens)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

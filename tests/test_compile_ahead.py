@@ -67,11 +67,28 @@ def test_which_plans_it_applies_to():
 
 class Asked(list):
     """The problems a compile ahead was asked for, (C, W, activation, sm, full variants, regime tokens)
-    each, and ``compiles``: (tier, in the main thread, threads, variants) of each compile_items call."""
+    each; ``compiles``: (tier, in the main thread, threads, variants) of each compile_items call;
+    ``spawned``: (problem, sm, processes, regime tokens) of each background warm-up started."""
 
     def __init__(self):
         super().__init__()
-        self.compiles = []
+        self.compiles, self.spawned = [], []
+
+
+class FakeWarmup:
+    """A background warm-up process that ends when ``release`` is set (at once by default), with
+    ``returncode`` and ``stderr``."""
+
+    def __init__(self, returncode=0, stderr="", release=None):
+        self.returncode, self.stderr, self.release, self.pid = returncode, stderr, release, None
+
+    def poll(self):
+        return self.returncode
+
+    def communicate(self):
+        if self.release is not None:
+            assert self.release.wait(60), "not released"
+        return None, self.stderr
 
 
 @pytest.fixture
@@ -95,6 +112,13 @@ def asked(monkeypatch, tmp_path):
         tier = "quick" if any(items is q for q in twins) else "full"
         calls.compiles.append((tier, threading.current_thread() is threading.main_thread(), n_threads, len(items)))
 
+    def spawn_warmup(problem, target, n, tokens=None):
+        calls.spawned.append((problem, target.arch, n, tokens))
+        compile_ahead.write_marker(problem, target, tokens)  # as the warm-up of a problem and regime does
+        return FakeWarmup()
+
+    monkeypatch.setattr(compile_ahead, "spawn_warmup", spawn_warmup)
+    monkeypatch.setattr(compile_ahead, "_children", [])
     monkeypatch.setattr(compile_ahead, "_states", {})
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(
         plan.C, plan.dtype, torch.float32, False, plan.W, plan.activation, torch.int32))
@@ -125,8 +149,9 @@ def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
     assert compile_ahead.wait_for_kernels(10)  # (the recording below would run this problem's twins before)
     one_group = len(warmup_module.problem_specializations([WarmupProblem(16)], SM90, (ONE_GROUP_S,)))
     assert asked == [(16, 4, "silu", 90, one_group, (ONE_GROUP_S,))] and one_group == 5  # the regime's variants
-    # the quick twins in the calling thread (waited for), then the full variants in the background
-    assert asked.compiles == [("quick", True, 4, 5), ("full", False, 4, 5)]
+    # the quick twins in the calling thread (waited for), then the full variants in a background warm-up
+    assert asked.compiles == [("quick", True, 4, 5)]
+    assert asked.spawned == [(WarmupProblem(16), 90, 4, (ONE_GROUP_S,))]
     assert all(sig[3] != torch.device("cpu") or sig[-2] != "triton" for sig in conv._plans)  # no recording plan kept
     _step(100, 16, seed=1)  # other token and document counts in the regime: the same problem
     assert len(asked) == 1
@@ -142,7 +167,7 @@ def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
     monkeypatch.setenv(compile_ahead.ENV_QUICK, "0")
     asked.compiles.clear()
     _step(64, 32)  # no quick tier: the full variants, waited for in the calling thread
-    assert asked.compiles == [("full", True, 4, 5)]
+    assert asked.compiles == [("full", True, 4, 5)] and len(asked.spawned) == 4
     monkeypatch.setattr(compile_ahead, "_states", {})
     conv._plans.clear()
     monkeypatch.setenv(compile_ahead.ENV_THREADS, "0")
@@ -204,15 +229,14 @@ def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
 
     started, events = threading.Event(), []
 
-    def slow(items, target, n_threads):
-        if not events:  # the quick tier
-            started.set()
-            time.sleep(0.3)
-            events.append(("compiled", time.perf_counter()))
-        else:  # the full variants, in the background: still compiling when both plans are told
-            time.sleep(1.0)
+    def slow(items, target, n_threads):  # the quick tier
+        started.set()
+        time.sleep(0.3)
+        events.append(("compiled", time.perf_counter()))
 
+    release = threading.Event()  # the full variants' warm-up: still running when both plans are told
     monkeypatch.setattr(compile_ahead, "compile_items", slow)
+    monkeypatch.setattr(compile_ahead, "spawn_warmup", lambda *args: FakeWarmup(release=release))
     plans = [types.SimpleNamespace(ahead=False, S=64, C=16, dtype=torch.bfloat16, W=4, activation="silu",
                                    device_index=0, told=[]) for _ in range(2)]
     for plan in plans:
@@ -225,7 +249,9 @@ def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
     first.join()
     assert [e[0] for e in events] == ["compiled", "second returned"] and plans[1].ahead
     # both run the quick twins until the full variants are in (the same event)
-    assert plans[0].told[0] is plans[1].told[0] and compile_ahead.wait_for_kernels(10)
+    assert plans[0].told[0] is plans[1].told[0] and not compile_ahead.wait_for_kernels(0)
+    release.set()
+    assert compile_ahead.wait_for_kernels(10)
 
 
 def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
@@ -248,11 +274,9 @@ def test_the_regime_of_a_plan():
 
 @pytest.mark.parametrize("tier", ["quick", "full"])
 def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path, tier):
-    """A compile that fails, of the quick twins (in the calling thread) or of the full variants (in the
-    background): one warning, the step's bits as without it, and the plans run their own kernels (the
-    launches compile what they need)."""
-    import threading
-
+    """A compile that fails, of the quick twins (in the calling thread) or of the full variants (the
+    background warm-up exits with an error): one warning, the step's bits as without it, and the plans
+    run their own kernels (the launches compile what they need)."""
     want = _step(64, 16)
     assert compile_ahead.wait_for_kernels(10)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other_cache"))  # no marker there
@@ -261,10 +285,12 @@ def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path, ti
     conv._plans.clear()
 
     def broken(items, target, n_threads):
-        if (threading.current_thread() is threading.main_thread()) == (tier == "quick"):
+        if tier == "quick":
             raise OSError("no space left on device")
 
     monkeypatch.setattr(compile_ahead, "compile_items", broken)
+    if tier == "full":
+        monkeypatch.setattr(compile_ahead, "spawn_warmup", lambda *args: FakeWarmup(1, "OSError: no space left on device"))
     with pytest.warns(RuntimeWarning, match="no space left on device"):
         got = _step(64, 16)
         assert compile_ahead.wait_for_kernels(10)
@@ -351,17 +377,18 @@ from cakeconv import cake_causal_conv1d_det
 events = []
 knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(
     (threading.current_thread() is threading.main_thread(), cache_hit))
-C, seconds = 512, []
-for S, docs in ((4096, 3), (4096, 1024), (8320, 3), (8320, 2080)):
-    t0 = time.perf_counter()
-    x = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = torch.randn(C, 4, device="cuda", requires_grad=True)
-    cu = torch.linspace(0, S, docs + 1, device="cuda").round().int()
-    cake_causal_conv1d_det(x, w, cu_seqlens=cu).sum().backward()
-    torch.cuda.synchronize()
-    seconds.append(time.perf_counter() - t0)
 from cakeconv.cake_causal_conv1d_det_train_backend.compile_ahead import wait_for_kernels
-assert wait_for_kernels(600)  # the full variants, compiled in the background
+C, seconds = 512, []
+for rounds in ("quick twins", "full kernels"):  # the second round after the background warm-ups ended
+    for S, docs in ((4096, 3), (4096, 1024), (8320, 3), (8320, 2080)):
+        t0 = time.perf_counter()
+        x = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(C, 4, device="cuda", requires_grad=True)
+        cu = torch.linspace(0, S, docs + 1, device="cuda").round().int()
+        cake_causal_conv1d_det(x, w, cu_seqlens=cu).sum().backward()
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t0)
+    assert wait_for_kernels(600)
 print(json.dumps({"compiled_in_main": sum(m and not h for m, h in events),
                   "compiled_in_workers": sum(not m and not h for m, h in events), "seconds": seconds}))
 """
@@ -376,9 +403,9 @@ def test_gpu_a_cold_first_step_compiles_in_the_workers_only(tmp_path):
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     print(result)
-    # two regimes: their quick twins (4 + 4, with the index build and the group kernel) and then their full
-    # variants (4 + 4; the index build and the group kernel are found in the cache)
-    assert result["compiled_in_main"] == 0 and result["compiled_in_workers"] >= 16, result
+    # two regimes: their quick twins (4 + 4, with the index build and the group kernel) in this process's
+    # workers; the full variants in the background warm-ups, then loaded from the cache by the launches
+    assert result["compiled_in_main"] == 0 and result["compiled_in_workers"] >= 8, result
 
 
 @pytest.mark.gpu
@@ -488,3 +515,45 @@ def test_gpu_capturing_a_graph_waits_for_the_full_kernels(tmp_path):
     result = json.loads(run.stdout.strip().splitlines()[-1])
     print(result)
     assert result["ready_after_capture"] and result["equal"], result
+
+
+@pytest.mark.parametrize("problem,tokens", [
+    (WarmupProblem(16), (ONE_GROUP_S,)),
+    (WarmupProblem(24, torch.float16, torch.bfloat16, True, 7, None, torch.int64), (MULTI_GROUP_S,)),
+    (WarmupProblem(4352, bias=True, mamba_ssm_row_stride=8512), None)])
+def test_the_background_warmup_command_line_names_the_problem(problem, tokens):
+    """What a first step starts in the background is ``python -m cakeconv warmup`` with arguments that
+    give back the problem, its regime, the target and the processes."""
+    argv = warmup_module.command_line(problem, 90, tokens, 3)
+    problems, options = warmup_module.parse_command_line(argv)
+    assert problems == [problem] and options.target == "sm_90" and options.jobs == 3
+    assert options.tokens == (list(tokens) if tokens else None)
+
+
+def test_the_background_warmup_compiles_the_steps_full_variants(tmp_path, monkeypatch):
+    """For sm_90 on the CPU, a small problem (W = 2, no activation, one group of the dweight tree): the
+    background process a first step starts compiles exactly the full variants the step's launches
+    ask for (the process's own compile then finds every one in the cache) and writes the regime's
+    marker; its exit status is 0."""
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import compile_specialization
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    problem = WarmupProblem(16, width=2, activation=None)
+    proc = compile_ahead.spawn_warmup(problem, SM90, 2, (ONE_GROUP_S,))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert os.path.exists(compile_ahead.marker_path(problem, SM90, (ONE_GROUP_S,)))
+    full, _ = compile_ahead.training_step_items(problem, SM90, (ONE_GROUP_S,))
+    fns = {k.name: k.fn for k in launch.KERNELS}
+    assert len(full) == 5 and all(compile_specialization(fns[name], spec, SM90)["cache_hit"] for name, spec in full)
+
+
+def test_ending_the_process_stops_its_background_warmups(monkeypatch):
+    """The training process ends before its background warm-up does: the warm-up's process group is
+    stopped (no compile outlives the job that asked for it)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    monkeypatch.setattr(compile_ahead, "_children", [proc])
+    monkeypatch.setattr(compile_ahead, "_exiting", False)
+    compile_ahead._stop_children()
+    assert proc.wait(timeout=10) != 0 and compile_ahead._exiting

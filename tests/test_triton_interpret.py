@@ -446,22 +446,34 @@ def test_triton_plan_runs_the_quick_twins_until_the_full_kernels_are_ready():
 
 
 def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monkeypatch, tmp_path):
-    """The whole quick tier on the interpreted kernels (compile_ahead.py, with the problem and the
-    compiles stood in: the CPU has no CUDA device and the interpreter compiles nothing): the first
-    training steps of a problem launch the QUICK twins while the full variants "compile" in the
-    background thread; once that ends, the same plan and a new one launch the full kernels; every
-    step's bits are the same."""
+    """The whole quick tier on the interpreted kernels (compile_ahead.py, with the problem, the compile
+    and the background warm-up stood in: the CPU has no CUDA device and the interpreter compiles
+    nothing): the first training steps of a problem launch the QUICK twins while the full variants'
+    warm-up runs; once it ends, the same plan and a new one launch the full kernels; every step's
+    bits are the same."""
     import threading
 
     from cakeconv.cake_causal_conv1d_det_train_backend import compile_ahead, conv
     from cakeconv.warmup import WarmupProblem, wait_for_kernels
 
-    release, compiles = threading.Event(), []
+    release, compiles, spawned = threading.Event(), [], []
+
+    class Warmup:  # the background process, until released
+        returncode, pid = 0, None
+
+        def poll(self):
+            return None if not release.is_set() else 0
+
+        def communicate(self):
+            assert release.wait(60), "not released"
+            return None, ""
 
     def compile_items(items, target, n_threads):
         compiles.append(threading.current_thread() is threading.main_thread())
-        if not compiles[-1]:
-            assert release.wait(60), "not released"
+
+    def spawn_warmup(problem, target, n, tokens=None):
+        spawned.append((problem, tokens))
+        return Warmup()
 
     monkeypatch.setattr(compile_ahead, "_states", {})
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(16, bias=True))
@@ -469,6 +481,8 @@ def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monk
     monkeypatch.setattr(compile_ahead, "marker_path", lambda *args: str(tmp_path / "no_marker"))
     monkeypatch.setattr(compile_ahead, "write_marker", lambda *args: None)
     monkeypatch.setattr(compile_ahead, "compile_items", compile_items)
+    monkeypatch.setattr(compile_ahead, "spawn_warmup", spawn_warmup)
+    monkeypatch.setattr(compile_ahead, "_children", [])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setenv(compile_ahead.ENV_THREADS, "2")
     monkeypatch.delenv(compile_ahead.ENV_QUICK, raising=False)
@@ -487,7 +501,7 @@ def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monk
 
     cu = torch.tensor([0, 40, 41, S], dtype=torch.int32)
     flags, want = step(cu)
-    assert flags == [1, 1] and compiles == [True, False] and not wait_for_kernels(0)
+    assert flags == [1, 1] and compiles == [True] and len(spawned) == 1 and not wait_for_kernels(0)
     flags, got = step(cu)
     assert flags == [1, 1] and all(torch.equal(a, c) for a, c in zip(want, got))
     release.set()
@@ -496,5 +510,5 @@ def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monk
     assert flags == [0, 0] and all(torch.equal(a, c) for a, c in zip(want, got))
     other = torch.tensor([0, 60, S], dtype=torch.int32)  # a new plan of the same problem, after the switch
     flags, _ = step(other)
-    assert flags == [0, 0] and compiles == [True, False]
+    assert flags == [0, 0] and compiles == [True] and len(spawned) == 1
     conv._plans.clear()

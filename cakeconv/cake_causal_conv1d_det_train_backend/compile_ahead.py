@@ -17,9 +17,12 @@ problem: the same launches, the same Triton cache keys) and compiles them in two
    with their ``QUICK`` constexpr set take one code path for every program (the same bits: each
    path computes every element alike), which compiles several times faster than the full kernels'
    four paths (Triton's layout pass grows faster than a kernel's size) and runs slower;
-2. the full variants, in the background (daemon threads), while the first steps run the twins. Once
-   they are all in Triton's cache, the launches switch to them (a launch that loads one from the
-   cache takes milliseconds). A process that ends before then leaves them for the next one.
+2. the full variants, in the background: a ``python -m cakeconv warmup`` process for the problem (and
+   regime), on the same Triton cache, while the first steps run the twins. Once it has compiled them
+   all (and written the marker), the launches switch to them (a launch that loads one from the cache
+   takes milliseconds). Its own process: no compile thread shares the training process's CPU time
+   or Python's GIL, and the training process can end at any time. It then stops that process (what
+   it finished stays in the cache for the next run).
 
 A cold first step then waits for the slowest quick twin instead of the slowest full kernel. Packed
 rows with ``cu_seqlens`` compile the set of the step's regime only: one group of the backward's
@@ -52,9 +55,14 @@ silences it.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -68,6 +76,7 @@ ENV_THREADS = "CAKECONV_COMPILE_THREADS"
 ENV_QUICK = "CAKECONV_QUICK_KERNELS"
 
 _states: dict = {}  # (capability, problem, regime tokens) -> its _Compile
+_children: list = []  # the background warm-up processes still running (stopped when this process exits)
 _lock = threading.Lock()
 _local = threading.local()
 _warned = False
@@ -230,8 +239,8 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
         _compile_full(state, full, problem, target, n, tokens, level, start)
         return
     _log.log(level, "cakeconv: compiling %d quick kernel variants of %s%s for sm_%s in up to %d threads, for the "
-             "first steps; the training step's %d full variants follow in the background (once per problem and "
-             "Triton cache; `python -m cakeconv warmup` compiles them ahead)", len(twins), problem, regime,
+             "first steps; the training step's %d full variants follow in a background process (once per problem "
+             "and Triton cache; `python -m cakeconv warmup` compiles them ahead)", len(twins), problem, regime,
              target.arch, n, len(full))
     try:
         compile_items(twins, target, n)
@@ -240,12 +249,63 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
         raise
     _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s; the full ones compile in the background",
              problem, time.perf_counter() - start)
-    threading.Thread(target=_compile_full, args=(state, full, problem, target, n, tokens, level, start),
+    proc = spawn_warmup(problem, target, n, tokens)
+    _children.append(proc)
+    threading.Thread(target=_await_full, args=(state, proc, problem, len(full), level, start),
                      name="cakeconv-compile", daemon=True).start()
 
 
+def spawn_warmup(problem, target, n: int, tokens=None):
+    """Start ``python -m cakeconv warmup`` for ``problem``'s full variants (``tokens``: of that regime) for
+    ``target`` in ``n`` processes, on this process's Triton cache and this cakeconv: a ``Popen`` (stderr
+    piped) in a session of its own (``_stop_children`` stops it and its workers)."""
+    from triton import knobs
+
+    from .. import warmup as warmup_module
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(warmup_module.__file__)))  # the folder of this cakeconv
+    env = dict(os.environ, TRITON_CACHE_DIR=os.path.abspath(knobs.cache.dir),
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    argv = [sys.executable, "-m", "cakeconv", "warmup", *warmup_module.command_line(problem, target.arch, tokens, n)]
+    return subprocess.Popen(argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _await_full(state: _Compile, proc, problem, count: int, level: int, start: float) -> None:
+    """Wait for the background warm-up ``proc``, say how it ended, and set ``state.ready`` (whatever happens)."""
+    try:
+        _, err = proc.communicate()
+        if proc.returncode == 0:
+            _log.log(level, "cakeconv: %d kernel variants of %s ready in %.1f s", count, problem,
+                     time.perf_counter() - start)
+        elif not _exiting:
+            tail = (err or "").strip()[-400:]
+            _warn(RuntimeError(f"`python -m cakeconv warmup` exited with {proc.returncode}: {tail}"))
+    except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
+        _warn(exc)
+    finally:
+        state.ready.set()
+        with contextlib.suppress(ValueError):
+            _children.remove(proc)
+
+
+_exiting = False
+
+
+@atexit.register
+def _stop_children() -> None:
+    """This process is ending: stop the background warm-ups still running (and their workers)."""
+    global _exiting
+    _exiting = True
+    for proc in list(_children):
+        if proc.poll() is None:  # (a finished one's group id may belong to another process by now)
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+
 def _compile_full(state: _Compile, full, problem, target, n: int, tokens, level: int, start: float) -> None:
-    """Compile the full variants, write the marker, say so, and set ``state.ready`` (whatever happens)."""
+    """Compile the full variants here (no quick tier), write the marker, say so, and set ``state.ready``
+    (whatever happens)."""
     try:
         compile_items(full, target, n)
         write_marker(problem, target, tokens)

@@ -68,7 +68,7 @@ except ImportError:  # CPU build (the interpreter and the recorder need neither)
 SEGMENT_IDS_VALUE = SEGMENT_IDS.value  # HAS_CU of a launch with per-token segment ids
 # Held by a launch through Triton's own path (which compiles on a cache miss) and by compile_ahead.py's
 # threads while Triton turns a kernel's syntax tree into IR: CPython 3.11's ast.parse is not safe in
-# two threads at once, and the background compile of the full variants runs beside the launches.
+# two threads at once, and a launch of another thread may compile while those threads do.
 FRONT_END = threading.Lock()
 _GROUP_BLK = 64
 # Explicit FMAs only: with contraction on, the compiler may fuse a multiply into a later add in one
