@@ -5,8 +5,13 @@ while the full ones compile in the background), each into its own empty Triton c
 other in this process; per variant the stages' seconds (``compile_specialization``). Writes a JSON
 report and prints a table.
 
+``--first-step-wait N``: instead, what a cold first training step waits for before its first launch
+(``compile_ahead._start``: the recording of the step's calls, then the quick twins in N threads, the
+background warm-up stood in by a finished process; and, with ``CAKECONV_QUICK_KERNELS=0``'s path,
+the full variants in N threads), each into an empty cache.
+
     python tools/compile_times.py OUT.json [--channels 512] [--width 4] [--activation silu|none]
-        [--tokens 32768] [--tiers full,quick] [--target sm_90]
+        [--tokens 32768] [--tiers full,quick] [--target sm_90] [--first-step-wait N]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="32768", help="packed token count (its regime's variants); 0: every variant")
     ap.add_argument("--tiers", default="full,quick")
     ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--first-step-wait", type=int, default=0, help="threads (module docstring); 0: per variant")
     a = ap.parse_args(argv)
     sys.path.insert(0, os.getcwd())
     import torch
@@ -45,6 +51,8 @@ def main(argv=None) -> int:
     target = _parse_target(a.target)
     tokens = regime_tokens(int(a.tokens)) if int(a.tokens) else None
     launch.cache_keys_in_fixed_order()
+    if a.first_step_wait:
+        return first_step_wait(a, compile_ahead, problem, target, tokens)
     start = time.perf_counter()
     with torch.enable_grad():
         full, quick = compile_ahead.training_step_items(problem, target, tokens)
@@ -68,6 +76,33 @@ def main(argv=None) -> int:
         report[f"{tier}_slowest_s"] = max(r["total"] for r in rows)
         print(f"{tier}: {len(rows)} variants, {report[f'{tier}_total_s']:.1f} s one after the other, the slowest "
               f"{report[f'{tier}_slowest_s']:.1f} s", flush=True)
+    with open(a.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+def first_step_wait(a, compile_ahead, problem, target, tokens) -> int:
+    """The ``--first-step-wait`` report: seconds of ``compile_ahead._start`` per tier."""
+
+    class Finished:  # the background warm-up, stood in
+        returncode, pid = 0, None
+
+        def poll(self):
+            return 0
+
+        def communicate(self):
+            return None, ""
+
+    compile_ahead.spawn_warmup = lambda *args: Finished()
+    report = {"problem": str(problem), "target": a.target, "tokens": a.tokens, "threads": a.first_step_wait,
+              "command": "python tools/compile_times.py " + " ".join(sys.argv[1:])}
+    for tier in a.tiers.split(","):
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["TRITON_CACHE_DIR"] = cache
+            start = time.perf_counter()
+            compile_ahead._start(compile_ahead._Compile(), problem, target, a.first_step_wait, tokens, tier == "quick")
+            report[f"{tier}_first_step_wait_s"] = time.perf_counter() - start
+        print(f"{tier}: the first step waits {report[f'{tier}_first_step_wait_s']:.1f} s", flush=True)
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
     return 0
