@@ -557,3 +557,25 @@ def test_ending_the_process_stops_its_background_warmups(monkeypatch):
     monkeypatch.setattr(compile_ahead, "_exiting", False)
     compile_ahead._stop_children()
     assert proc.wait(timeout=10) != 0 and compile_ahead._exiting
+
+
+def test_a_forward_entry_point_joins_a_running_compile_ahead(asked, monkeypatch):
+    """The forward entry point (no backward follows: it starts no compile) of a new shape, while the
+    background warm-up of its problem runs: its plan runs the quick twins too (it must not compile a
+    full variant beside that warm-up); after the warm-up, a new shape's plan runs its own kernels."""
+    import threading
+
+    release = threading.Event()
+    monkeypatch.setattr(compile_ahead, "spawn_warmup", lambda *args: FakeWarmup(release=release))
+    _step(64, 16)
+    x, w = torch.randn(100, 16).to(torch.bfloat16), torch.randn(16, 4)
+    cake_causal_conv1d_det_train_forward(x, w, None, torch.tensor([0, 30, 100], dtype=torch.int32))
+    told = [p for p in conv._plans.values() if p.S == 100]
+    assert len(told) == 1 and told[0].joined and told[0].ready is not None and not told[0].ready.is_set()
+    release.set()
+    assert compile_ahead.wait_for_kernels(10) and told[0].ready.is_set()
+    x2 = torch.randn(120, 16).to(torch.bfloat16)
+    cake_causal_conv1d_det_train_forward(x2, w, None, torch.tensor([0, 30, 120], dtype=torch.int32))
+    after = [p for p in conv._plans.values() if p.S == 120]
+    assert len(after) == 1 and after[0].joined and after[0].ready is None
+    assert len(asked) == 1  # the forward entry point asked for no compile of its own

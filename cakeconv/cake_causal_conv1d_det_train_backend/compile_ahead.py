@@ -343,6 +343,26 @@ def write_marker(problem, target, tokens=None) -> None:
         f.write(f"{problem}\n")
 
 
+def join_running(plan) -> None:
+    """For a call that starts no compile ahead (the forward entry point, inference): if the compile
+    ahead of the plan's problem (and regime) is running, the plan runs its quick twins until it ends,
+    as the training steps' plans do (a new shape's forward must not compile a full variant beside
+    it). Once per plan; nothing when no compile ahead ran in this process."""
+    plan.joined = True
+    if not _states:
+        return
+    try:
+        problem = problem_of(plan)
+        if problem is None:
+            return
+        major, minor = torch.cuda.get_device_capability(plan.device_index)
+        state = _states.get((10 * major + minor, problem, tokens_of(plan)))
+        if state is not None and state.first.is_set() and not state.ready.is_set():
+            plan.run_early_until(state.ready)
+    except Exception:  # noqa: BLE001 - the launches compile what they need, as without this
+        return
+
+
 def before_training_step(plan) -> None:
     """Once per problem (packed rows with ``cu_seqlens``: per problem and regime) and process: compile
     the training-step kernels ahead (see the module docstring); while the full ones compile in the

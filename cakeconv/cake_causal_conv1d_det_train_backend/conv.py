@@ -139,7 +139,7 @@ class Plan:
     """
 
     __slots__ = ("S", "C", "W", "activation", "seq_len", "backend", "dtype", "device_index", "gdt", "n_ws", "fwd",
-                 "_bwd", "_layout", "ahead", "ready")
+                 "_bwd", "_layout", "ahead", "ready", "joined")
 
     def __init__(self, p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu: Optional[Tensor]):
         self.S, self.C, self.seq_len, self.backend = p.S, p.C, p.seq_len, p.backend
@@ -152,6 +152,7 @@ class Plan:
         self._bwd: dict = {}
         self._layout = None
         self.ahead = False  # compile_ahead.before_training_step ran for this plan
+        self.joined = False  # compile_ahead.join_running ran for this plan
         self.ready = None
         if p.backend != "triton" or p.S == 0 or not weight.is_contiguous() or not (bias is None or bias.is_contiguous()):
             return
@@ -399,6 +400,8 @@ def run_forward(x, weight, bias, cu_seqlens, backend, activation, out=None, plan
         y = torch.empty_like(x, memory_format=_CONTIGUOUS)
     if training and not plan.ahead:
         compile_ahead.before_training_step(plan)
+    elif not training and not plan.joined:
+        compile_ahead.join_running(plan)
     _forward(plan, x, weight, bias, cu_seqlens, y)
     return y, plan
 
