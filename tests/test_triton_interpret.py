@@ -409,6 +409,17 @@ def test_triton_quick_twins_give_the_full_kernels_bits(S, C, W, activation, bias
         assert (f is None and q is None) or torch.equal(f, q), name
 
 
+def _training_step_quick_flags(x, w, b, dy, cu):
+    """One autograd fwd+bwd on the Triton backend: (the QUICK constexpr of its forward and backward
+    launches, in order, and its (y, dx, dw, db))."""
+    xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    with triton_launch.record_launches(launch=True) as launches:
+        y = cake_causal_conv1d_det(xr, wr, br, cu_seqlens=cu, backend="triton")
+        y.backward(dy)
+    flags = [r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS]
+    return flags, (y.detach(), xr.grad, wr.grad, br.grad)
+
+
 def test_triton_plan_runs_the_quick_twins_until_the_full_kernels_are_ready():
     """A plan told to run early (compile_ahead.py, while the full variants compile) launches the QUICK
     twins of its forward and of its backward (prepared before and after it was told), then, once the
@@ -423,12 +434,7 @@ def test_triton_plan_runs_the_quick_twins_until_the_full_kernels_are_ready():
     conv._plans.clear()
 
     def step():
-        xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
-        with triton_launch.record_launches(launch=True) as launches:
-            y = cake_causal_conv1d_det(xr, wr, br, cu_seqlens=cu, backend="triton")
-            y.backward(dy)
-        flags = [r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS]
-        return flags, (y.detach(), xr.grad, wr.grad, br.grad)
+        return _training_step_quick_flags(x, w, b, dy, cu)
 
     flags, want = step()  # (no compile ahead on the CPU: the plan's own kernels)
     assert flags == [0, 0]
@@ -492,12 +498,7 @@ def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monk
     x, w, b, dy = make_inputs(S, C, seed=32)
 
     def step(cu):
-        xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
-        with triton_launch.record_launches(launch=True) as launches:
-            y = cake_causal_conv1d_det(xr, wr, br, cu_seqlens=cu, backend="triton")
-            y.backward(dy)
-        flags = [r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS]
-        return flags, (y.detach(), xr.grad, wr.grad, br.grad)
+        return _training_step_quick_flags(x, w, b, dy, cu)
 
     cu = torch.tensor([0, 40, 41, S], dtype=torch.int32)
     flags, want = step(cu)
