@@ -332,7 +332,7 @@ def command_line(problem: WarmupProblem, target_arch: int, tokens=None, jobs=Non
     """The arguments of ``python -m cakeconv warmup`` that compile ``problem``'s training-step kernels
     for sm_<target_arch> (``tokens``: of packed calls at those token counts only; ``jobs`` processes):
     what a first training step starts in the background (compile_ahead.py)."""
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    names = {dtype: name for name, dtype in _DTYPES.items() if len(name) == 4}  # bf16, fp16, fp32
     argv = ["--channels", str(problem.C), "--dtype", names[problem.dtype], "--weight-dtype",
             names[problem.weight_dtype], "--bias", "yes" if problem.bias else "no", "--width", str(problem.width),
             "--activation", problem.activation or "none", "--cu-dtype", str(problem.cu_dtype).removeprefix("torch."),

@@ -220,3 +220,19 @@ for B, T, docs in ((1, 4096, 3), (1, 8320, 2080), (2, 2048, None)):
                                    seq_idx, None, None, dx, False, True)
 torch.cuda.synchronize()
 """
+
+
+class FakeWarmup:
+    """A background warm-up process (compile_ahead.spawn_warmup) that ends when ``release`` is set (at
+    once by default), with ``returncode`` and ``stderr``."""
+
+    def __init__(self, returncode=0, stderr="", release=None):
+        self.returncode, self.stderr, self.release, self.pid = returncode, stderr, release, None
+
+    def poll(self):
+        return None if self.release is not None and not self.release.is_set() else self.returncode
+
+    def communicate(self):
+        if self.release is not None:
+            assert self.release.wait(60), "not released"
+        return None, self.stderr

@@ -33,7 +33,7 @@ from cakeconv import warmup as warmup_module
 from cakeconv.cake_causal_conv1d_det_train_backend import compile_ahead, conv
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.specialization import cuda_target
 from cakeconv.warmup import MULTI_GROUP_S, ONE_GROUP_S, WarmupProblem, regime_tokens
-from tests.helpers import MAMBA_PAIR_STEPS
+from tests.helpers import MAMBA_PAIR_STEPS, FakeWarmup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SM90 = cuda_target(90)
@@ -73,22 +73,6 @@ class Asked(list):
     def __init__(self):
         super().__init__()
         self.compiles, self.spawned = [], []
-
-
-class FakeWarmup:
-    """A background warm-up process that ends when ``release`` is set (at once by default), with
-    ``returncode`` and ``stderr``."""
-
-    def __init__(self, returncode=0, stderr="", release=None):
-        self.returncode, self.stderr, self.release, self.pid = returncode, stderr, release, None
-
-    def poll(self):
-        return self.returncode
-
-    def communicate(self):
-        if self.release is not None:
-            assert self.release.wait(60), "not released"
-        return None, self.stderr
 
 
 @pytest.fixture

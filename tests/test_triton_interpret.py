@@ -14,7 +14,7 @@ from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as tr
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.tuning import BwdConfig, FwdConfig
 from cakeconv.oracle import (causal_conv1d_oracle, causal_conv1d_oracle_backward, causal_conv1d_silu_oracle,
                              causal_conv1d_silu_oracle_backward)
-from tests.helpers import TOLERANCES, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err
+from tests.helpers import TOLERANCES, FakeWarmup, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err
 
 pytestmark = pytest.mark.interpret
 
@@ -464,22 +464,12 @@ def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monk
 
     release, compiles, spawned = threading.Event(), [], []
 
-    class Warmup:  # the background process, until released
-        returncode, pid = 0, None
-
-        def poll(self):
-            return None if not release.is_set() else 0
-
-        def communicate(self):
-            assert release.wait(60), "not released"
-            return None, ""
-
     def compile_items(items, target, n_threads):
         compiles.append(threading.current_thread() is threading.main_thread())
 
     def spawn_warmup(problem, target, n, tokens=None):
         spawned.append((problem, tokens))
-        return Warmup()
+        return FakeWarmup(release=release)  # the background process, until released
 
     monkeypatch.setattr(compile_ahead, "_states", {})
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(16, bias=True))

@@ -343,6 +343,15 @@ def write_marker(problem, target, tokens=None) -> None:
         f.write(f"{problem}\n")
 
 
+def _key(plan):
+    """(compute capability, problem, regime tokens) of a plan's compile ahead, or None where none applies."""
+    problem = problem_of(plan)
+    if problem is None:
+        return None
+    major, minor = torch.cuda.get_device_capability(plan.device_index)
+    return 10 * major + minor, problem, tokens_of(plan)
+
+
 def join_running(plan) -> None:
     """For a call that starts no compile ahead (the forward entry point, inference): if the compile
     ahead of the plan's problem (and regime) is running, the plan runs its quick twins until it ends,
@@ -352,11 +361,8 @@ def join_running(plan) -> None:
     if not _states:
         return
     try:
-        problem = problem_of(plan)
-        if problem is None:
-            return
-        major, minor = torch.cuda.get_device_capability(plan.device_index)
-        state = _states.get((10 * major + minor, problem, tokens_of(plan)))
+        key = _key(plan)
+        state = None if key is None else _states.get(key)
         if state is not None and state.first.is_set() and not state.ready.is_set():
             plan.run_early_until(state.ready)
     except Exception:  # noqa: BLE001 - the launches compile what they need, as without this
@@ -376,14 +382,12 @@ def before_training_step(plan) -> None:
         return
     quick = quick_tier()
     try:
-        problem = problem_of(plan)
-        if problem is None:
+        key = _key(plan)
+        if key is None:
             return
         from .kernels.specialization import cuda_target
 
-        tokens = tokens_of(plan)
-        major, minor = torch.cuda.get_device_capability(plan.device_index)
-        key = (10 * major + minor, problem, tokens)
+        _, problem, tokens = key
         with _lock:
             state = _states.get(key)
             mine = state is None

@@ -161,8 +161,7 @@ class Plan:
             return
         # (x row stride, w dtype, b dtype, cu dtype, cu entries): what the backward's set-up needs too
         self._layout = (x_stride, weight.dtype, *optional_meta(bias, cu))
-        self.fwd = prepare_forward(p.S, p.C, x_stride, p.C, x.dtype, *self._layout[1:], p.seq_len,
-                                   width=p.W, activation=p.activation)
+        self.fwd = self._prepare_forward()
 
     def run_early_until(self, ready) -> None:
         """Run the quick twins of this plan's launches (the forward's, the backward's prepared so far
@@ -171,13 +170,10 @@ class Plan:
         if ready.is_set():
             return
         if self.fwd is not None:
-            x_stride, *rest = self._layout
-            quick = prepare_forward(self.S, self.C, x_stride, self.C, self.dtype, *rest, self.seq_len,
-                                    width=self.W, activation=self.activation, quick=True)
-            self.fwd.early = EarlyLaunch(quick, ready, self.device_index >= 0)
+            self.fwd.early = self._early(self._prepare_forward(quick=True))
         for launches, args in self._bwd.values():
             if launches:
-                launches.early = EarlyLaunch(self._prepare_backward(*args, quick=True), ready, self.device_index >= 0)
+                launches.early = self._early(self._prepare_backward(*args, quick=True))
 
     def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype, dx_stride: Optional[int] = None):
         """The prepared backward launches for this dy (checked here the first time its layout is
@@ -198,10 +194,18 @@ class Plan:
                 args = (dy_stride, dy.dtype, dw_dtype, dx_stride or self.C)
                 launches = self._prepare_backward(*args)
                 if self.ready is not None and not self.ready.is_set():
-                    launches.early = EarlyLaunch(self._prepare_backward(*args, quick=True), self.ready,
-                                                 self.device_index >= 0)
+                    launches.early = self._early(self._prepare_backward(*args, quick=True))
             found = self._bwd[key] = (launches, args)
         return found[0] or None
+
+    def _early(self, quick_launch) -> EarlyLaunch:
+        """``quick_launch`` run in its full launch's place until ``self.ready`` is set."""
+        return EarlyLaunch(quick_launch, self.ready, self.device_index >= 0)
+
+    def _prepare_forward(self, quick=False):
+        x_stride, *rest = self._layout
+        return prepare_forward(self.S, self.C, x_stride, self.C, self.dtype, *rest, self.seq_len, width=self.W,
+                               activation=self.activation, quick=quick)
 
     def _prepare_backward(self, dy_stride, dy_dtype, dw_dtype, dx_stride, quick=False):
         x_stride, w_dtype, b_dtype, cu_dtype, n_cu = self._layout
