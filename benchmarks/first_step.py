@@ -223,7 +223,7 @@ def child_main(args) -> None:
             out["error"] = joined(out.get("error"), f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
         write_json(args.child_out, {**out, "triton_compile_s": counter.compile_seconds()})
     if args.child.startswith("cakeconv"):  # the steady calls run the full kernels: wait for their compile
-        from cakeconv.cake_causal_conv1d_det_train_backend.compile_ahead import wait_for_kernels
+        from cakeconv.warmup import wait_for_kernels
         wait_for_kernels()
         out["kernels_ready_s"] = time.time() - args.spawn_time
     mark = counter.mark()
