@@ -11,21 +11,16 @@ import time
 SCRIPT_START = time.time()  # the first line a process of this module runs: before torch is imported
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import cProfile  # noqa: E402
-import datetime  # noqa: E402
-import importlib.metadata  # noqa: E402
-import json  # noqa: E402
+import functools  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import pstats  # noqa: E402
-import signal  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
-from benchmarks.report import REPO_ROOT, git_commit, log, write_json, write_result_files  # noqa: E402 (no torch)
+from benchmarks.report import (REPO_ROOT, cell, ended, option_parser, package_version,  # noqa: E402
+                               run_child, run_stamp, stamped, write_json, write_result_files)
 
 LIBRARIES = ("cakeconv", "cakeconv_no_quick", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao",
              "dao_det")
@@ -66,13 +61,9 @@ OPTIONS = (  # (name, default, help)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name, default, text in OPTIONS:
-        p.add_argument("--" + name, type=type(default), default=default, help=f"{text} (default: {default or 'none'})")
+    p = option_parser(__doc__, OPTIONS, ("child", "phase", "child-out"))  # a measured process: library, cache, file
     p.add_argument("--dry-run", action="store_true", help="on the CPU: S = 2048, 5 steady calls, the cakeconv row on "
                    "the reference backend, the other rows skipped")
-    for internal in ("--child", "--phase", "--child-out"):  # a measured process: its library, cold/warm, file
-        p.add_argument(internal, help=argparse.SUPPRESS)
     p.add_argument("--spawn-time", type=float, help=argparse.SUPPRESS)  # the parent's clock at the start
     args = p.parse_args(argv)
     if args.dry_run:
@@ -86,8 +77,7 @@ def parse_args(argv=None):
     return args
 
 
-def progress(text: str) -> None:
-    log(f"[first step {time.strftime('%H:%M:%S')}] {text}")
+progress = functools.partial(stamped, "first step")
 
 
 class CompileCounter:
@@ -120,11 +110,6 @@ def load_library(name: str, backend: str):
     [1, S, C] with its chunk_indices (made with the inputs, as its layers do per batch); Dao's causal_conv1d_fn on
     the channel-last [1, C, S] view with seq_idx (int32 [1, S], each token's document)."""
     import torch
-
-    def dist_version(name: str, module: str = "") -> str | None:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(name)
-        return getattr(sys.modules.get(module), "__version__", None)
     if name.startswith("cakeconv"):
         import cakeconv
         return cakeconv.__version__, (lambda d: None), lambda d: cakeconv.cake_causal_conv1d_det(
@@ -133,17 +118,17 @@ def load_library(name: str, backend: str):
         os.environ["FLA_GLUON"] = "0"  # its Triton path
         from fla.modules.causal_conv1d import causal_conv1d as fla_conv
         from fla.ops.utils import prepare_chunk_indices
-        return dist_version("fla-core", "fla"), lambda d: d.update(chunk_indices=prepare_chunk_indices(d["cu"], 64)), (
+        prepare = lambda d: d.update(chunk_indices=prepare_chunk_indices(d["cu"], 64))  # noqa: E731
+        return package_version("fla", "fla-core"), prepare, (
             lambda d: fla_conv(x=d["x"].unsqueeze(0), weight=d["w"], bias=None, activation="silu",
                                backend="triton", cu_seqlens=d["cu"], chunk_indices=d["chunk_indices"])[0][0])
-    import causal_conv1d
     from causal_conv1d import causal_conv1d_fn
 
     def prepare(d):
         lengths = (d["cu"][1:] - d["cu"][:-1]).long()
         ids = torch.arange(len(lengths), dtype=torch.int32, device=d["cu"].device)
         d["seq_idx"] = torch.repeat_interleave(ids, lengths).view(1, -1).contiguous()
-    return getattr(causal_conv1d, "__version__", None) or dist_version("causal-conv1d"), prepare, lambda d: (
+    return package_version("causal_conv1d", "causal-conv1d"), prepare, lambda d: (
         causal_conv1d_fn(d["x"].unsqueeze(0).transpose(1, 2), d["w"], None, seq_idx=d["seq_idx"], activation="silu")
         .transpose(1, 2).squeeze(0))
 
@@ -232,40 +217,17 @@ def child_main(args) -> None:
     out["steady_compiled"], out["steady_cache_hits"] = counter.since(mark)
     out["triton_compile_s"] = counter.compile_seconds()
     write_json(args.child_out, out)
-    progress(f"{args.child}: new C {_num(out.get('new_c_s'), '.3f', 0)} s, new stride "
-             f"{_num(out.get('new_stride_s'), '.3f', 0)} s, steady {out['steady_ms']:.3f} ms")
+    progress(f"{args.child}: new C {cell(out.get('new_c_s'), '.3f', 0)} s, new stride "
+             f"{cell(out.get('new_stride_s'), '.3f', 0)} s, steady {out['steady_ms']:.3f} ms")
     return None
 
 
-def run_file(args, cmd, library: str, work: str, path: str, spawn_time: bool = False) -> tuple[dict, object, object]:
-    """``cmd`` (+ ``--spawn-time`` now) from the repository root on the row's cache, in its own process group, killed
-    when time is up: (the JSON it wrote to ``path`` or {}, its exit status or why it ended, its seconds or None)."""
-    left = args.deadline - time.perf_counter()
-    if left < 10:
-        return {}, "not started: --time-limit spent", None
-    timeout, stderr, found = min(args.process_timeout, left), None, {}
-    env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(work, "triton_cache"), FLA_GLUON="0",
-               PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
-    for name in ("CAUSAL_CONV1D_DETERMINISTIC", "CAKECONV_COMPILE_THREADS", "CAKECONV_QUICK_KERNELS"):
-        env.pop(name, None)
-    env.update(ROW_ENV.get(library, {}))
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        stderr = sys.stderr.fileno()
-    t0 = time.perf_counter()
-    cmd = cmd + (["--spawn-time", repr(time.time())] if spawn_time else [])
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=stderr, start_new_session=True)
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        rc = f"killed after {timeout:.1f} s (--process-timeout, --time-limit)"
-    seconds = time.perf_counter() - t0
-    if os.path.exists(path):
-        with open(path) as f:
-            found = json.load(f)
-        os.remove(path)
-    return found, rc, seconds
+def run_file(args, cmd, library: str, work: str, path: str) -> tuple:
+    """``report.run_child`` of ``cmd`` from the repository root on the row's cache ``work``, with the row's variables
+    (those of the other rows unset)."""
+    variables = {**dict.fromkeys(("CAUSAL_CONV1D_DETERMINISTIC", "CAKECONV_COMPILE_THREADS", "CAKECONV_QUICK_KERNELS")),
+                 **ROW_ENV.get(library, {}), "TRITON_CACHE_DIR": os.path.join(work, "triton_cache"), "FLA_GLUON": "0"}
+    return run_child(cmd, path, args.process_timeout, args.deadline, "--process-timeout", variables, REPO_ROOT)
 
 
 def joined(*parts) -> str | None:
@@ -277,9 +239,6 @@ def measure_row(args, library: str, work: str) -> dict:
     """A row on the fresh cache ``work``: ``python -m cakeconv warmup`` into it (cakeconv_after_warmup), the cold
     process, the warm one (when the cold one got through its first step)."""
     row = dict.fromkeys(ROW_FIELDS) | {"library": library}
-
-    def ended(rc) -> str:
-        return f"exited with {rc}" if isinstance(rc, int) else str(rc)
     if library == "cakeconv_after_warmup":
         report = os.path.join(work, "warmup_report.json")
         cmd = [sys.executable, "-m", "cakeconv", "warmup", "--channels", f"{args.channels},{args.new_channels}",
@@ -296,7 +255,8 @@ def measure_row(args, library: str, work: str) -> dict:
         cmd = [sys.executable, "-m", "benchmarks.first_step", "--child", library, "--phase", phase, "--child-out",
                path, "--tokens", str(args.tokens), "--channels", str(args.channels), "--new-channels",
                str(args.new_channels), "--steady-calls", str(args.steady_calls)] + ["--dry-run"] * args.dry_run
-        found, rc, row[f"{phase}_process_s"] = run_file(args, cmd, library, work, path, spawn_time=True)
+        cmd += ["--spawn-time", repr(time.time())]
+        found, rc, row[f"{phase}_process_s"] = run_file(args, cmd, library, work, path)
         return found, rc
     cold, rc = child("cold")
     row.update({k: v for k, v in cold.items() if k in ROW_FIELDS and k != "library"})
@@ -318,11 +278,6 @@ def measure_row(args, library: str, work: str) -> dict:
     return row
 
 
-def _num(value, fmt: str, width: int) -> str:
-    """A number in ``fmt``, or a text, right-aligned in ``width``; "-" for None."""
-    return f"{value:>{width}{fmt}}" if isinstance(value, (int, float)) else f"{value or '-':>{width}}"
-
-
 def table(rows) -> str:
     """One line per row; seconds unless ms; kernels: compiled + loaded from the disk cache."""
     cols = (("warm-up s", 10, ".1f", "warmup_s"), ("import s", 9, ".2f", "import_s"),
@@ -334,14 +289,14 @@ def table(rows) -> str:
             ("warm cache 1st step s", 22, ".2f", "warm_cache_first_step_s"), ("kernels", 9, "+", "warm_cache"))
     lines = [f"{'library':<23}" + "".join(f"{h:>{w}}" for h, w, _, _ in cols) + "  version"]
     for r in rows:
-        line = f"{r['library']:<23}" + _num(r.get("warmup_s"), ".1f", 10)
+        line = f"{r['library']:<23}" + cell(r.get("warmup_s"), ".1f", 10)
         if r.get("first_step_s") is None:
             why = f"skipped: {r['skip']}" if r.get("skip") else f"failed: {r.get('error')}"
             lines.append(line + "  " + why[:200])
             continue
         kernels = {k: f"{r[k + '_compiled']}+{r[k + '_cache_hits']}" for _, _, f, k in cols
                    if f == "+" and r.get(k + "_compiled") is not None}
-        lines.append(line + "".join(_num(kernels.get(k) if f == "+" else r.get(k), f, w) for _, w, f, k in cols[1:])
+        lines.append(line + "".join(cell(kernels.get(k) if f == "+" else r.get(k), f, w) for _, w, f, k in cols[1:])
                      + f"  {r.get('version') or '-'}" + (f"  (failed: {r['error']})" if r.get("error") else ""))
     return "\n".join(lines)
 
@@ -362,10 +317,8 @@ def main(argv=None) -> dict:
                 rows.append(measure_row(args, library, work))  # work: the row's Triton cache, its processes' files
         progress(f"{library}: done ({rows[-1]['skip'] or rows[-1]['error'] or 'measured'})")
     seen = next((r for r in rows if r.get("torch")), {})  # the GPU and versions as the measured processes saw them
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "commit": git_commit(),
-           "gpu": seen.get("device"), "torch": seen.get("torch"), "python": platform.python_version(),
-           "triton": next((r["triton"] for r in rows if r.get("triton")), None), "host": platform.node(),
-           "cpu_count": os.cpu_count()}
+    env = {**run_stamp(), "gpu": seen.get("device"), "torch": seen.get("torch"),
+           "triton": next((r["triton"] for r in rows if r.get("triton")), None)}
     for r in rows:
         r.update(gpu=env["gpu"], torch=r["torch"] or env["torch"], triton=r["triton"] or env["triton"],
                  date=env["date"], commit=env["commit"])

@@ -55,8 +55,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, (gpu, dry) in DEFAULTS.items():
         p.add_argument("--" + name.replace("_", "-"), type=type(gpu), help=f"default {gpu}; {dry} with --dry-run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--host-ahead-us", default="auto", help="GPU sleep before a timed iteration: auto, us, or 0")
-    p.add_argument("--no-flush", action="store_true", help="no L2 eviction before each timed iteration")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU over gloo, backend reference")
     p.add_argument("--out", help="output folder (default benchmarks/results; with --replot the run's folder)")
     p.add_argument("--name", help="stem of the files written (default kcp_p{P})")
@@ -65,12 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name, values in DEFAULTS.items():
         setattr(args, name, values[args.dry_run] if getattr(args, name) is None else getattr(args, name))
     args.layouts = list(dict.fromkeys(s.strip() for s in args.layouts.split(",") if s.strip()))
-    args.host_ahead_auto = args.host_ahead_us.strip().lower() == "auto"
-    args.host_ahead_us = 0.0 if args.host_ahead_auto else float(args.host_ahead_us)  # ValueError: not a number
     if not args.layouts or not set(args.layouts) <= set(LAYOUTS) or min(args.reps, args.chain) < 1 or min(
-            args.warmup, args.eager_steps, args.host_steps, args.host_ahead_us, args.tokens - 3) < 0:
-        raise ValueError(f"--layouts among {LAYOUTS}; --reps, --chain >= 1; --warmup, --eager-steps, --host-steps, "
-                         "--host-ahead-us >= 0; --tokens >= 3 (one per document)")
+            args.warmup, args.eager_steps, args.host_steps, args.tokens - 3) < 0:
+        raise ValueError(f"--layouts among {LAYOUTS}; --reps, --chain >= 1; --warmup, --eager-steps, --host-steps "
+                         ">= 0; --tokens >= 3 (one per document)")
     return args
 
 
@@ -131,12 +127,7 @@ def setup(args):
 class RankClock(DeviceClock):
     """timing.DeviceClock across ranks: ``barrier()`` leaves the device idle and every rank there; the window."""
 
-    def __init__(self, device, flush: bool):
-        super().__init__(torch, device, flush)
-        self.host_ahead_us = 0.0
-
-    def window(self, us: float) -> None:
-        self.host_ahead_us = float(us) if (self.can_sleep and us > 0) else 0.0
+    host_ahead_us = 0.0
 
     def barrier(self) -> None:
         self.sync()
@@ -193,18 +184,18 @@ def time_gpu(operands: dict, clock: RankClock, args, device) -> dict:
 
     names = list(operands)
     samples = {f"{n}_{k}": [] for n in names for k in (*PASSES, "host_ms")}
-    clock.window(args.host_ahead_us)
+    clock.host_ahead_us = 0.0
     for r in range(args.warmup):
         for name in rotation(names, r):
             step(*operands[name])
         clock.sync()
     full_kernels_ready()
-    if args.host_ahead_auto and clock.cuda:
-        clock.window(AHEAD_MAX_US / 10)  # the GPU far behind while the host time is measured
+    if clock.can_sleep:
+        clock.host_ahead_us = AHEAD_MAX_US / 10  # the GPU far behind while the host time is measured
         host_K = torch.tensor([max(step(*operands[n])[2] for n in names)], dtype=torch.float64, device=device)
         clock.sync()
         dist.all_reduce(host_K, op=dist.ReduceOp.MAX)
-        clock.window(auto_ahead_us(float(host_K.item()), HOST_AHEAD_MIN_US, AHEAD_MAX_US))
+        clock.host_ahead_us = auto_ahead_us(float(host_K.item()), HOST_AHEAD_MIN_US, AHEAD_MAX_US)
     for r in range(args.reps):
         marks = [(name, step(*operands[name])) for name in rotation(names, r)]
         clock.sync()
@@ -301,7 +292,7 @@ def build_rows(env, args, layout, stats_P, failures, lengths, host_T) -> list[di
                         f"host_{m}_ratio": k_ms / l_ms if (k_ms is not None and l_ms) else None})
         rows.append({**row, "bitwise": not failures[form], "bitwise_failed_ranks": failures[form],
                      "reps": args.reps, "warmup": args.warmup, "eager_steps": args.eager_steps,
-                     "host_steps": args.host_steps, "l2_flush": not args.no_flush and env["gpu"] != "cpu",
+                     "host_steps": args.host_steps, "l2_flush": env["gpu"] != "cpu",
                      "dry_run": args.dry_run})
     return rows
 
@@ -368,7 +359,7 @@ def run(argv=None) -> list[dict]:
     try:
         if dist.get_rank() == 0:
             log(f"[kcp bench] {env['gpu']} x{env['world_size']} ({env['process_group']}): {vars(args)}")
-        clock, rows = RankClock(device, flush=not args.no_flush), []
+        clock, rows = RankClock(torch, device, flush=True), []
         for layout in args.layouts:
             rows += build_rows(env, args, layout, *run_layout(args, layout, device, clock))
             if device.type == "cuda":

@@ -7,19 +7,15 @@ digests over repeats); KDA in one process, each mamba_ssm mode in its own. bench
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import gc
 import hashlib
 import importlib.machinery
-import importlib.metadata
 import itertools
-import json
 import os
 import random
 import re
-import subprocess
 import sys
 import time
 import types
@@ -27,7 +23,8 @@ import types
 import torch
 
 from benchmarks.op import SEED_MEAN_LEN, mix_lengths, parse_mix
-from benchmarks.report import REPO_ROOT, log, run_environment, write_json, write_result_files
+from benchmarks.report import (REPO_ROOT, cell, ended, option_parser, package_version, run_child, run_environment,
+                               stamped, write_json, write_result_files)
 from benchmarks.timing import percentile, wall_samples
 
 VARIANTS = {  # per workload; the first is the library's own conv (the base of "vs lib")
@@ -67,15 +64,11 @@ VERSIONS = {}  # versions found while building (mamba_ssm's, read from its sourc
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name, default, text in OPTIONS:
-        p.add_argument("--" + name, type=type(default), default=default, help=f"{text} (default: {default})")
+    p = option_parser(__doc__, OPTIONS, ("part", "mode", "part-out"))  # a part's process: part, mamba mode, rows file
     p.add_argument("--mamba-src", default=os.environ.get("MAMBA_SSM_SRC"), help="the folder holding mamba_ssm/ "
                    f"(default: $MAMBA_SSM_SRC, else the first of {', '.join(MAMBA_SRC_GUESSES)} holding one)")
     p.add_argument("--dry-run", action="store_true", help="on the CPU in float32, tiny shapes: "
                    + ", ".join(f"{k}={v}" for k, v in DRY.items()))
-    for internal in ("--part", "--mode", "--part-out"):  # a part's process: its part, mamba mode, rows file
-        p.add_argument(internal, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     vars(args).update(DRY if args.dry_run else {})
@@ -428,8 +421,7 @@ def workload_rows(args, workload, mix, mode, variants, batches, device) -> list[
     return rows
 
 
-def progress(text: str) -> None:
-    log(f"[model step {time.strftime('%H:%M:%S')}] {text}")
+progress = functools.partial(stamped, "model step")
 
 
 def run_part(args) -> dict:
@@ -438,14 +430,6 @@ def run_part(args) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # parameters and inputs
     mode, (workloads, mixes) = args.mode if args.part == "mamba" else None, args.plan[args.part]
     result = {"part": args.part, "mode": mode, "rows": []}
-
-    def version_of(module: str, *distributions: str) -> str | None:  # the imported one's, else the installed one's
-        if module in sys.modules:
-            return getattr(sys.modules[module], "__version__", None)
-        for name in distributions or (module,):
-            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-                return importlib.metadata.version(name)
-        return None
     for workload, mix in [(w, m) for w in workloads for m in mixes] + [(None, None)]:  # last: the environment alone
         if workload is not None:
             batches = make_batches(args, mix)
@@ -461,35 +445,23 @@ def run_part(args) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         result["env"] = run_environment(torch, device, "cpu (dry-run)")
-        result["env"]["versions"] = {"fla": version_of("fla", "flash-linear-attention", "fla-core"), **VERSIONS,
-                                     **{m: version_of(m) for m in ("causal_conv1d", "transformers", "einops")}}
+        result["env"]["versions"] = {"fla": package_version("fla", "flash-linear-attention", "fla-core"), **VERSIONS,
+                                     **{m: package_version(m) for m in ("causal_conv1d", "transformers", "einops")}}
         result["env"]["variables"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLA_") or k in (
             "MAMBA_DETERMINISTIC", "CAUSAL_CONV1D_DETERMINISTIC", "TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING")}
         write_json(args.part_out, result)
     return result
 
 
-def run_child(args, part, mode, path, timeout: float) -> dict:
-    """The part's process with ``mode``'s variables, stdout on stderr, at most ``timeout`` seconds: what it wrote,
-    with ``rc`` and ``seconds``."""
-    variables, t0, stderr, found = MODE_ENV[mode] if mode else {}, time.perf_counter(), None, {}
-    if timeout <= 0:
-        return {"part": part, "mode": mode, "rc": "not started: --time-limit spent", "seconds": 0.0}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
+def start_part(args, part, mode, path, deadline: float) -> dict:
+    """The part's process with ``mode``'s variables (``report.run_child``): what it wrote, with ``rc`` and
+    ``seconds``."""
+    variables = MODE_ENV[mode] if mode else {}
     cmd = [sys.executable, "-m", "benchmarks.model_step", *args.argv, "--part", part, "--part-out", path]
     progress(f"part {part}{f' ({mode})' if mode else ''} {' '.join(f'{k}={v}' for k, v in variables.items())}")
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        stderr = sys.stderr.fileno()
-    try:
-        rc = subprocess.run(cmd + ["--mode", mode] * bool(mode), env={**env, **variables}, timeout=timeout,
-                            stdout=stderr).returncode
-    except subprocess.TimeoutExpired:
-        rc = f"killed after {timeout:.0f} s (--part-timeout, --time-limit)"
-    if os.path.exists(path):
-        with open(path) as f:
-            found = json.load(f)
-        os.remove(path)
-    return {**found, "part": part, "mode": mode, "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
+    found, rc, seconds = run_child(cmd + ["--mode", mode] * bool(mode), path, args.part_timeout, deadline,
+                                   "--part-timeout", variables)
+    return {**found, "part": part, "mode": mode, "rc": rc, "seconds": round(seconds or 0.0, 1)}
 
 
 def table(rows) -> str:
@@ -498,8 +470,6 @@ def table(rows) -> str:
             ("vs lib", 8, ".3f"), ("vs noconv", 10, ".3f"), ("loss", 9, ".4f"), ("conv grads", 11, ""),
             ("all grads", 10, ""), ("dW vs lib", 10, ".1e"))
 
-    def num(value, fmt: str, width: int) -> str:
-        return f"{value:>{width}{fmt}}" if isinstance(value, (int, float)) else f"{value or '-':>{width}}"
     lines = [f"{'workload':<13}{'mix':<14}{'mode':<14}{'variant':<10}" + "".join(f"{h:>{w}}" for h, w, _ in cols)
              + "  conv"]
     ms = {(r["workload"], r["mix"], r["mode"], r["variant"]): r.get("median_ms") for r in rows}
@@ -514,7 +484,7 @@ def table(rows) -> str:
                   for o in others), r.get("loss"), *(f"{r[k]}/{r['repeats']}" if r.get(k) is not None else None
                   for k in ("distinct_conv_grads", "distinct_grads")), r.get("conv_grad_rel_diff_vs_lib")]
         calls = r.get("conv_calls_per_step")
-        lines.append(line + "".join(num(v, f, w) for v, (_, w, f) in zip(values, cols)) + f"  {r.get('runs', '')}"
+        lines.append(line + "".join(cell(v, f, w) for v, (_, w, f) in zip(values, cols)) + f"  {r.get('runs', '')}"
                      + (f" ({calls['fwd']:g} fwd + {calls['bwd']:g} bwd calls per step)" if calls else ""))
     return "\n".join(lines)
 
@@ -529,11 +499,10 @@ def main(argv=None) -> dict:
     for part in [p for p in PART_WORKLOADS if p in split(args.parts) and args.plan[p][0]]:
         for mode in split(args.mamba_modes) if part == "mamba" else [None]:
             path = os.path.abspath(os.path.join(args.out, f"{args.name}.{part}{'_' + mode if mode else ''}.part.json"))
-            left = deadline - time.perf_counter()
-            found = run_child(args, part, mode, path, min(args.part_timeout, left) if left >= 10 else 0)
+            found = start_part(args, part, mode, path, deadline)
             env, rc, (workloads, mixes) = found.get("env") or {}, found["rc"], args.plan[part]
             have = {(r["workload"], r["mix"], r["variant"]): r for r in found.get("rows", [])}
-            why = f"not measured: the part's process {f'exited with {rc}' if isinstance(rc, int) else rc}"
+            why = f"not measured: the part's process {ended(rc)}"
             rows += [{**(have.get((w, mix, v)) or {"part": part, "mode": mode, "workload": w, "mix": mix,
                                                    "variant": v, "skip": None, "median_ms": None, "error": why}),
                       "gpu": env.get("gpu"), "date": env.get("date")}

@@ -1,19 +1,16 @@
 """The op benchmark: cakeconv's deterministic packed causal conv1d (W = 2..8, SiLU or none) beside its peers, one GPU.
 
     python -m benchmarks.op                          the grid, every provider, with and without bias
-    python -m benchmarks.op --doc-mix seed,uniform:1-64 --rows 250340x512 --bias no --eager --host-cost
     python -m benchmarks.op --dry-run --width 3,8 --activation silu,none     CPU, reference backend, tiny shapes
     python -m benchmarks.op --replot benchmarks/results/h200_mixes.jsonl --out /tmp/x
 
-Floor bytes (bf16 x): fwd 4*S*C (reads x, writes y), bwd 6*S*C (reads x and dy, writes dx), fwd+bwd 10*S*C. GB/s =
-floor bytes / median time; fraction = GB/s / copy bandwidth (the higher of the start and end readings). Timings
-(timing.py): GPU time (host queued ahead, cold L2, rotating input sets), eager loop (--eager), host cost at a tiny
-shape (--host-cost), each after a check against an FP32 reference with FP64 reductions. A provider is timed as a
-user calls it: fwd = the op under no_grad, fwd+bwd = the op then autograd.grad, bwd = autograd.grad over graphs
-built before the timed region (ours: its train_forward / train_backward entry points). fla: FLA's Triton
-causal_conv1d (FLA_GLUON=0), chunk indices prepared per shape, untimed; dao, dao_det: Dao's causal_conv1d_fn (W =
-2..4) on the channel-last view with seq_idx, CAUSAL_CONV1D_DETERMINISTIC 0 / 1 set around each call, then restored.
-Writes <name>.jsonl (env, timing and check rows), .csv, _table.txt, .png and, as it goes, .partial.jsonl.
+Floor bytes (bf16 x): fwd 4*S*C, bwd 6*S*C, fwd+bwd 10*S*C; fraction = floor bytes / median time / copy bandwidth
+(the higher of the start and end readings). GPU time (timing.py), eager loop (--eager) and host cost (--host-cost),
+after a check against an FP32 reference with FP64 reductions. A provider is timed as a user calls it: fwd = the op
+under no_grad, fwd+bwd = the op then autograd.grad, bwd = autograd.grad over graphs built before the timed region
+(ours: its train_forward / train_backward entry points). fla: FLA's Triton causal_conv1d (FLA_GLUON=0); dao,
+dao_det: Dao's causal_conv1d_fn (W = 2..4) on the channel-last view with seq_idx, CAUSAL_CONV1D_DETERMINISTIC 0 / 1
+set around each call. Writes <name>.jsonl (env, timing and check rows), .csv, _table.txt, .png, .partial.jsonl.
 """
 
 from __future__ import annotations
@@ -32,25 +29,19 @@ import time
 import zlib
 
 from benchmarks.report import (BASE_WA, PASS_LABEL, PASSES, PEERS, PROVIDERS, REPO_ROOT, fmt_secs, log, note, op_plots,
-                               op_table, read_jsonl, row_key, run_environment, write_csv, write_jsonl)
+                               op_table, package_version, read_jsonl, row_key, run_environment, write_csv, write_jsonl)
 from benchmarks.timing import (HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth, eager_forms, percentile, time_gpu,
                                wall_samples)
 
-# --doc-mix: seed (85% of documents exponential around a mean length, capped at 8x it, 15% of 1-63 tokens),
-# uniform:A-B (lengths uniform in A..B), ones (all of length 1), fixed:N (all N, the last shorter), one (one document)
 DEFAULT_MIX = "seed"
 SEED_MEAN_LEN = 3000
 
 
-def doc_lengths(S: int, seed: int, mean_len: int) -> list[int]:
-    """The seed mix: document lengths summing to S, mostly exponential around mean_len, 15% short ones (1..63)."""
-    rng, lens, total = random.Random(seed), [], 0
+def _fill(S: int, draw) -> list[int]:
+    """Lengths draw() until they sum to S (the last one cut)."""
+    lens, total = [], 0
     while total < S:
-        if rng.random() < 0.15:
-            n = rng.randint(1, 63)
-        else:
-            n = min(64 + int(rng.expovariate(1.0 / max(1, mean_len - 64))), 8 * mean_len)
-        lens.append(min(n, S - total))
+        lens.append(min(draw(), S - total))
         total += lens[-1]
     return lens
 
@@ -78,8 +69,10 @@ def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
     """Document lengths of ``mix`` summing to S (seed: the shape's seed)."""
     if S == 0:
         return []
-    if mix == "seed":
-        return doc_lengths(S, seed, mean_len)
+    if mix == "seed":  # 85% exponential around mean_len (capped at 8x it), 15% short documents of 1..63 tokens
+        rng = random.Random(seed)
+        return _fill(S, lambda: rng.randint(1, 63) if rng.random() < 0.15 else min(
+            64 + int(rng.expovariate(1.0 / max(1, mean_len - 64))), 8 * mean_len))
     if mix in ("one", "ones"):
         return [S] if mix == "one" else [1] * S
     if mix.startswith("fixed:"):
@@ -87,17 +80,9 @@ def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
         return [n] * (S // n) + ([S % n] if S % n else [])
     if mix.startswith("uniform:"):
         lo, hi = (int(v) for v in mix.split(":")[1].split("-"))
-        rng, lens, total = random.Random(seed * 7919 + zlib.crc32(mix.encode())), [], 0
-        while total < S:
-            lens.append(min(rng.randint(lo, hi), S - total))
-            total += lens[-1]
-        return lens
+        rng = random.Random(seed * 7919 + zlib.crc32(mix.encode()))
+        return _fill(S, lambda: rng.randint(lo, hi))
     raise ValueError(f"unknown mix {mix!r}")
-
-
-def is_short_mix(mix: str) -> bool:
-    """The short-document mixes of SPEC section 7 (uniform 1-8, 1-64, 1-1,024 and all of length 1)."""
-    return mix == "ones" or (mix.startswith("uniform:") and int(mix.split("-")[-1]) <= 1024)
 
 
 def mix_cu(S: int, mix: str, seed: int, device="cuda"):
@@ -126,10 +111,10 @@ HOST_PASS = {"chain": "fwdbwd", "step": "fwdbwd", "nograd": "fwd", "ws": "fwdbwd
 PROTOCOL = {"chain": (16, 4), "calls": (16, 2), "eager_steps": (10, 2), "eager_warmup": (2, 1), "host_steps": (30, 2),
             "host_warmup": (5, 1), "host_shape": ((4096, 256), (256, 16)), "mean_doc_len": (SEED_MEAN_LEN, 200),
             "copy_bytes": (2 * 2**30, 64 * 2**20)}
-TARGETS = {"fwd": 0.90, "bwd": 0.85, "fwdbwd": 0.85}  # SPEC 7: seed mix, C >= 512
-TARGETS_SMALL_C = {"fwdbwd": 0.80}  # seed mix, C = 128 and 256
-TARGETS_SHORT_DOCS = {"fwd": 0.85, "fwdbwd": 0.80}  # short-document mixes, C >= 512
-SMALL_C_BELOW = 512
+# SPEC 7's GPU-time targets (fraction of copy) {(seed or short documents, pass): [(C_lo, C_hi or None, target)]}
+TARGETS = {("seed", "fwd"): [(512, None, 0.90)], ("seed", "bwd"): [(512, None, 0.85)],
+           ("seed", "fwdbwd"): [(0, 512, 0.80), (512, None, 0.85)],
+           ("short", "fwd"): [(512, None, 0.85)], ("short", "fwdbwd"): [(512, None, 0.80)]}
 EAGER_TARGET, EAGER_TARGET_C = 1.05, (128, 512)  # eager chain per call <= 1.05 x GPU time (seed mix)
 HOST_TARGETS = {"host_chain": (2.0, "ratio_to_trivial", "chain {:.1f}x trivial (<= {:.1f}x)"),  # ours: at most
                 "host_nograd": (25.0, "us", "no_grad forward {:.1f} us (<= {:.0f})"),
@@ -150,13 +135,10 @@ CSV_FIELDS = list(ENV_FIELDS) + [
 
 
 def target_steps(mix: str, pass_: str) -> list:
-    """[(C_lo, C_hi or None, target)] of SPEC section 7 for a GPU-time pass at a mix."""
-    if mix == "seed":
-        small = [(0, SMALL_C_BELOW, TARGETS_SMALL_C[pass_])] if pass_ in TARGETS_SMALL_C else []
-        return small + [(SMALL_C_BELOW, None, TARGETS[pass_])]
-    if is_short_mix(mix) and pass_ in TARGETS_SHORT_DOCS:
-        return [(SMALL_C_BELOW, None, TARGETS_SHORT_DOCS[pass_])]
-    return []
+    """[(C_lo, C_hi or None, target)] of SPEC section 7 for a GPU-time pass at a mix (short documents: uniform
+    1-8, 1-64, 1-1,024 and all of length 1)."""
+    short = mix == "ones" or (mix.startswith("uniform:") and int(mix.split("-")[-1]) <= 1024)
+    return TARGETS.get(("seed" if mix == "seed" else "short" if short else None, pass_), [])
 
 
 def shape_seed(seed: int, S: int, C: int) -> int:
@@ -184,9 +166,8 @@ class Shape:
         gen = torch.Generator(device=device).manual_seed(shape_seed(seed, S, C))
         self.sets = [(_normal(torch, gen, (S, C), device), _normal(torch, gen, (S, C), device))
                      for _ in range(max(2, min(max_sets, math.ceil(8 * l2_bytes / max(1, 2 * S * C * 2)))))]
-        self.taps_state = gen.get_state()
-        self.w, self.b = _normal(torch, gen, (C, 4), device, 0.5), _normal(torch, gen, (C,), device, 0.2)
-        self.width, self.activation, self.act = 4, "silu", "silu"
+        self.taps_state, self.width = gen.get_state(), None
+        self.use_taps(torch, *BASE_WA)
 
     def use_taps(self, torch, width: int, act: str) -> None:
         """Taps [C, width] and bias of this width (see the class docstring), and the activation label act."""
@@ -349,8 +330,6 @@ def baseline_op(torch, name: str):
 def load_providers(torch, st, notes: list) -> tuple:
     """(the providers of --providers that can run here, cakeconv or None, the peers' versions); each one that cannot
     is noted. A cakeconv on PYTHONPATH (an A/B) wins over this repository's, which ``python -m`` puts first."""
-    from importlib import import_module, metadata
-
     first = next((d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                   if d and os.path.isfile(os.path.join(d, "cakeconv", "__init__.py"))), None)
     if first:
@@ -399,18 +378,12 @@ def load_providers(torch, st, notes: list) -> tuple:
                 env=("CAUSAL_CONV1D_DETERMINISTIC", "1" if name == "dao_det" else "0"),
                 supports=lambda width, activation: None if width in (2, 3, 4) else
                 f"causal_conv1d_fn takes W = 2..4, not {width}"))
-
-    def dist(name):
-        try:
-            return metadata.version(name)
-        except Exception:  # noqa: BLE001 - not installed as a distribution (a --target folder, a source build)
-            return None
-    names, ver = {p.name for p in provs}, {}
+    names, versions = {p.name for p in provs}, {}
     if "fla" in names:
-        ver["fla"] = dist("fla-core") or getattr(import_module("fla"), "__version__", None)
+        versions["fla"] = package_version("fla", "fla-core")
     if names & {"dao", "dao_det"}:
-        ver["causal_conv1d"] = getattr(import_module("causal_conv1d"), "__version__", None) or dist("causal-conv1d")
-    return provs, cakeconv, ver
+        versions["causal_conv1d"] = package_version("causal_conv1d", "causal-conv1d")
+    return provs, cakeconv, versions
 
 
 def _shift(torch, t, s: int, pos, back: bool):
@@ -485,8 +458,7 @@ def check_shape(torch, sh: Shape, active: list, use_bias: bool, notes: list) -> 
         try:
             outs = p.around(p.outputs)(sh, use_bias)
         except Exception as exc:  # noqa: BLE001 - a provider that fails is reported and dropped
-            note(notes, f"{p.name} failed its check run {sh.mix} S={sh.S} C={sh.C} W={sh.width} "
-                        f"activation={sh.act} bias={use_bias}: {type(exc).__name__}: {exc}")
+            note(notes, f"{p.name} failed its check run {sh.where(use_bias)}: {type(exc).__name__}: {exc}")
             active.remove(p)
             p.release_bias()
             continue
@@ -528,7 +500,7 @@ def provider_forms(torch, p, sh: Shape, use_bias: bool, st, modes, notes: list, 
 
 def eager_at_shape(torch, sh: Shape, active: list, use_bias: bool, st, sync, notes: list) -> dict:
     """{(provider, form): [ms per call]} of the eager loop (chain, step) at one shape, if it fits in memory."""
-    where = f"{sh.mix} S={sh.S} C={sh.C} W={sh.width} activation={sh.activation}"
+    where = sh.where(use_bias)
     if sh.device.type == "cuda":
         need = (st.chain + 6) * sh.S * sh.C * 2 * 2  # saved inputs, y, dy, dx, peers' extra buffers; x2 margin
         free, _ = torch.cuda.mem_get_info(sh.device)
@@ -756,7 +728,7 @@ def run_grid(torch, st, provs, clock, notes, record, checks, t_start) -> None:
                     "against the FP32 reference")
                 checks += check_shape(torch, sh, active, use_bias, notes)
             calls = [(p, p_, p.around(p.callable_for(p_, sh, use_bias))) for p in active for p_ in st.passes]
-            g = time_gpu(clock, calls, len(sh.sets), counter, st.reps, st.warmup, HOST_AHEAD_MIN_US, True,
+            g = time_gpu(clock, calls, len(sh.sets), counter, st.reps, st.warmup,
                          lambda name, p_, exc, where=sh.where(use_bias): note(
                              notes, f"{name} {p_} failed {where}: {type(exc).__name__}: {exc}"))
             counter, calls, summary = g.counter, None, []  # drop the closures (they hold this shape's tensors)
@@ -826,10 +798,6 @@ def replot(st) -> str:
     if not rows:
         raise SystemExit(f"no timing rows in {st.replot}")
     rows = add_speedups([with_defaults(r) for r in rows])
-    if "copy_gbs_end" in env:  # the higher reading (files of older runs stored the median of both)
-        env["copy_gbs"] = max(env["copy_gbs_start"], env["copy_gbs_end"])
-        for r in rows:
-            r.update(copy_gbs=env["copy_gbs"], fraction=r["gbs"] / env["copy_gbs"])
     st.out = st.out or os.path.dirname(os.path.abspath(st.replot))
     st.name = st.name or re.sub(r"(\.partial\.jsonl|\.[^.]*)$", "", os.path.basename(st.replot))
     return finish(rows, checks, env, notes, st, env.get("elapsed_s", float("nan")), write_rows=bool(partial))

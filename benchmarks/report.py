@@ -5,14 +5,19 @@ The commit is BENCH_COMMIT when set (the GPU machine's copy of the tree may have
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import csv
 import datetime
+import importlib.metadata
 import itertools
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,6 +30,11 @@ def note(notes: list, msg: str) -> None:
     """Keep ``msg`` for the table's notes and log it now."""
     notes.append(msg)
     log("note: " + msg)
+
+
+def stamped(who: str, text: str) -> None:
+    """A progress line on stderr: ``[who HH:MM:SS] text``."""
+    log(f"[{who} {time.strftime('%H:%M:%S')}] {text}")
 
 
 def fmt_secs(s: float) -> str:
@@ -57,12 +67,26 @@ def triton_version() -> str | None:
     return triton.__version__
 
 
+def package_version(module: str, *distributions: str) -> str | None:
+    """The imported ``module``'s ``__version__``, else the first installed of ``distributions`` (or ``module``)."""
+    found = getattr(sys.modules.get(module), "__version__", None)
+    for name in () if found else distributions or (module,):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(name)
+    return found
+
+
+def run_stamp() -> dict:
+    """The date (UTC), commit, Python and host of a run."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": git_commit(), "python": platform.python_version(), "host": platform.node(),
+            "cpu_count": os.cpu_count()}
+
+
 def run_environment(torch, device, cpu_name: str) -> dict:
     """The fields every run records; ``cpu_name`` stands for the GPU's name on a CPU run."""
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": git_commit(), "torch": torch.__version__, "triton": triton_version(),
-           "python": platform.python_version(), "host": platform.node(), "cpu_count": os.cpu_count(),
-           "gpu": cpu_name, "sm": None, "l2_bytes": 0, "cuda": None}
+    env = {**run_stamp(), "torch": torch.__version__, "triton": triton_version(), "gpu": cpu_name, "sm": None,
+           "l2_bytes": 0, "cuda": None}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(gpu=props.name, sm=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
@@ -104,6 +128,57 @@ def write_result_files(out_dir: str, name: str, result: dict, text: str) -> None
         f.write(text + "\n")
     print(text)
     print(f"# wrote {path}")
+
+
+def option_parser(doc: str, options, internal=()) -> argparse.ArgumentParser:
+    """A parser of ``options`` [(name, default, help)], each typed by its default, and of the hidden ``internal``
+    ones (what a benchmark passes its own processes)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for name, default, text in options:
+        p.add_argument("--" + name, type=type(default), default=default, help=f"{text} (default: {default or 'none'})")
+    for name in internal:
+        p.add_argument("--" + name, help=argparse.SUPPRESS)
+    return p
+
+
+def run_child(cmd: list, path: str, timeout: float, deadline: float, limits: str, variables=None, cwd=None) -> tuple:
+    """``cmd`` with the repository on PYTHONPATH and ``variables`` set (None: unset), in its own process group, its
+    stdout on stderr, killed with its group after ``timeout`` s or at ``deadline`` (perf_counter; nothing starts
+    in its last 10 s): (the JSON it wrote to ``path``, then removed, or {}; its exit status or why it ended; its
+    seconds or None)."""
+    left = deadline - time.perf_counter()
+    if left < 10:
+        return {}, "not started: --time-limit spent", None
+    timeout, stderr, found = min(timeout, left), None, {}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+           **(variables or {})}
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        stderr = sys.stderr.fileno()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env={k: v for k, v in env.items() if v is not None}, cwd=cwd, stdout=stderr,
+                            start_new_session=True)
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = f"killed after {timeout:.1f} s ({limits}, --time-limit)"
+    seconds = time.perf_counter() - t0
+    if os.path.exists(path):
+        with open(path) as f:
+            found = json.load(f)
+        os.remove(path)
+    return found, rc, seconds
+
+
+def ended(rc) -> str:
+    """How a ``run_child`` process ended: ``exited with RC``, or why it did not."""
+    return f"exited with {rc}" if isinstance(rc, int) else str(rc)
+
+
+def cell(value, fmt: str, width: int) -> str:
+    """A number in ``fmt``, or a text, right-aligned in ``width``; "-" for None."""
+    return f"{value:>{width}{fmt}}" if isinstance(value, (int, float)) else f"{value or '-':>{width}}"
 
 
 def text_table(header: list[str], lines: list[list]) -> list[str]:

@@ -15,12 +15,11 @@ On the CPU (``--dry-run``) the marks are ``time.perf_counter`` readings and noth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import math
 import statistics
 import sys
 import time
+import types
 
 SLEEP_CYCLES_PER_US = 2000  # torch.cuda._sleep counts SM cycles: ~2 GHz under load (a slower clock sleeps longer)
 L2_EVICT_BYTES = 256 * 2**20
@@ -63,18 +62,12 @@ class DeviceClock:
 
 
 def time_call(clock: DeviceClock, fn, ahead_us: float):
-    """Run fn() once between two marks, after the sleep and the eviction: a handle for ``resolve``."""
+    """Run fn() once between two marks, after the sleep and the eviction: (mark, mark, host ms to enqueue)."""
     clock.before_call(ahead_us)
     m0, t0 = clock.mark(), time.perf_counter()
     fn()
     host_ms = (time.perf_counter() - t0) * 1e3
     return m0, clock.mark(), host_ms
-
-
-def resolve(clock: DeviceClock, handle) -> tuple[float, float]:
-    """(device ms between the marks, host ms to enqueue the call) of a ``time_call`` handle."""
-    m0, m1, host_ms = handle
-    return clock.elapsed_ms(m0, m1), host_ms
 
 
 def copy_bandwidth(torch, clock: DeviceClock, nbytes: int, reps: int, ahead_us: float) -> tuple[float, list]:
@@ -87,7 +80,7 @@ def copy_bandwidth(torch, clock: DeviceClock, nbytes: int, reps: int, ahead_us: 
     clock.sync()
     handles = [time_call(clock, lambda: dst.copy_(src), ahead_us) for _ in range(reps)]
     clock.sync()
-    gbs = [2 * n * 2 / (resolve(clock, h)[0] * 1e-3) / 1e9 for h in handles]
+    gbs = [2 * n * 2 / (clock.elapsed_ms(m0, m1) * 1e-3) / 1e9 for m0, m1, _ in handles]
     return statistics.median(gbs), gbs
 
 
@@ -102,24 +95,14 @@ def rotation(items: list, round_index: int) -> list:
     return items[k:] + items[:k]
 
 
-@dataclass
-class GpuRounds:
-    """The rounds of one shape and bias: device ms and host ms per timed call, the window per (provider, pass)."""
-
-    times: dict = field(default_factory=dict)
-    host_times: dict = field(default_factory=dict)
-    window_us: dict = field(default_factory=dict)
-    failed: set = field(default_factory=set)
-    counter: int = 0  # calls made so far over the run (the input set of a call: counter % number of sets)
-
-
-def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, base_ahead_us: float,
-             ahead_auto: bool, on_error) -> GpuRounds:
-    """The rounds of ``calls`` [(provider, pass, fn(i): one call on input set i)]; a provider whose call raises
-    is reported (on_error(name, pass, exc)) and left out of the rest."""
+def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, on_error):
+    """The rounds of ``calls`` [(provider, pass, fn(i): one call on input set i)] of one shape and bias: ``times``
+    and ``host_times`` (device and host ms of each timed call), ``window_us`` (the auto window) per (provider,
+    pass); ``failed``: the providers whose call raised (on_error(name, pass, exc)), left out of the rest;
+    ``counter``: the calls made so far over the run (the input set of a call: counter % n_sets)."""
     keys = [(p.name, p_) for p, p_, _ in calls]
-    out = GpuRounds(times={k: [] for k in keys}, host_times={k: [] for k in keys},
-                    window_us={k: base_ahead_us for k in keys}, counter=counter)
+    out = types.SimpleNamespace(times={k: [] for k in keys}, host_times={k: [] for k in keys},
+                                window_us=dict.fromkeys(keys, HOST_AHEAD_MIN_US), failed=set(), counter=counter)
     warm_host = {k: [] for k in keys}
     for r in range(warmup + reps if calls else 0):
         if r == warmup:
@@ -138,17 +121,17 @@ def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, ba
                 continue
             handles.append(((p.name, p_), h))
         clock.sync()
-        for key, h in handles:
-            ms, host_ms = resolve(clock, h)
+        for key, (m0, m1, host_ms) in handles:
+            ms = clock.elapsed_ms(m0, m1)
             if r >= warmup:
                 out.times[key].append(ms)
                 out.host_times[key].append(host_ms)
             elif r >= 1 or warmup == 1:  # the first round compiles and autotunes
                 warm_host[key].append(host_ms)
-        if ahead_auto and r == warmup - 1:  # the window per (provider, pass), from its warm-up host times
+        if r == warmup - 1:  # the window per (provider, pass), from its warm-up host times
             for key, hs in warm_host.items():
                 if hs:
-                    out.window_us[key] = auto_ahead_us(max(hs), base_ahead_us, HOST_AHEAD_MAX_US)
+                    out.window_us[key] = auto_ahead_us(max(hs), HOST_AHEAD_MIN_US, HOST_AHEAD_MAX_US)
     return out
 
 
