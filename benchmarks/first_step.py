@@ -28,6 +28,7 @@ DOC_EDGES = (0.0, 0.10, 0.35, 0.65, 1.0)  # document boundaries, fractions of S
 ROW_ENV = {"cakeconv_no_quick": {"CAKECONV_QUICK_KERNELS": "0"},  # the environment of each row's processes
            "cakeconv_one_thread": {"CAKECONV_COMPILE_THREADS": "1"}, "dao": {"CAUSAL_CONV1D_DETERMINISTIC": "0"},
            "dao_det": {"CAUSAL_CONV1D_DETERMINISTIC": "1"}}
+progress = functools.partial(stamped, "first step")
 WIDTH, STRIDE_FACTOR = 4, 3  # taps; the stride case's x is a slice [:, :C] of [S, 3C]
 DRY_SKIP = {**dict.fromkeys(("cakeconv_one_thread", "cakeconv_no_quick"), "dry run: the reference backend compiles "
                              "nothing, in any number of threads"),
@@ -75,9 +76,6 @@ def parse_args(argv=None):
     if args.channels % 8 or args.new_channels % 8 or args.channels == args.new_channels:
         p.error("--channels and --new-channels must be two different multiples of 8")
     return args
-
-
-progress = functools.partial(stamped, "first step")
 
 
 class CompileCounter:

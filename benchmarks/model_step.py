@@ -14,7 +14,6 @@ import hashlib
 import importlib.machinery
 import itertools
 import os
-import random
 import re
 import sys
 import time
@@ -45,7 +44,7 @@ OPTIONS = (  # (name, default, help); --dry-run replaces the defaults in DRY
     ("workloads", ",".join(VARIANTS), "workloads: the KDA layer, KDAForCausalLM, the KDA layer's q/k/v convs, "
      "the Mamba2 layer, its conv's fwd/bwd functions"),
     ("kda-mixes", "seed,uniform:1-64", "document mixes of the KDA workloads: benchmarks.op's (seed, uniform:A-B, "
-     "fixed:N, ones, one) or docs:N (N - 1 random cut points)"),
+     "fixed:N, ones, one, docs:N: N - 1 random cut points)"),
     ("mamba-mixes", "docs:10", "document mixes of the Mamba2 workloads (as --kda-mixes)"),
     ("tokens", 32768, "packed tokens per batch"), ("kda-hidden", 2048, "KDA hidden size"),
     ("kda-head-dim", 128, "KDA head dim (heads: hidden / head dim)"), ("kda-layers", 4, "KDAForCausalLM's layers"),
@@ -61,6 +60,7 @@ DRY = {"tokens": 128, "kda_hidden": 32, "kda_head_dim": 8, "kda_layers": 2, "voc
 CPU_KDA = ("FLA's KDA kernels are Triton and need a CUDA GPU (under TRITON_INTERPRET=1 on the CPU its autotuner "
            "finds no active Triton driver)")
 VERSIONS = {}  # versions found while building (mamba_ssm's, read from its source)
+progress = functools.partial(stamped, "model step")
 
 
 def parse_args(argv=None):
@@ -77,7 +77,7 @@ def parse_args(argv=None):
         for name in [n for n in split(given) if n not in known][:1]:
             p.error(f"unknown {what} {name!r}: use {', '.join(known)}")
     mixes = {"kda": args.kda_mixes, "mamba": args.mamba_mixes}  # plan: part -> (workloads, canonical mixes)
-    args.plan = {part: ([w for w in ws if w in split(args.workloads)], [canonical_mix(m) for m in split(mixes[part])])
+    args.plan = {part: ([w for w in ws if w in split(args.workloads)], [parse_mix(m) for m in split(mixes[part])])
                  for part, ws in PART_WORKLOADS.items()}
     return args
 
@@ -86,21 +86,9 @@ def split(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def canonical_mix(mix: str) -> str:
-    m = re.fullmatch(r"docs:(\d+)", mix.strip().lower())
-    if m and int(m[1]) < 1:
-        raise SystemExit(f"docs:N needs N >= 1, got {mix!r}")
-    return f"docs:{int(m[1])}" if m else parse_mix(mix)
-
-
 def document_lengths(mix: str, S: int, seed: int) -> list[int]:
-    """Lengths of ``mix``'s documents summing to S (``docs:N``: N - 1 random cut points)."""
-    mix = canonical_mix(mix)
-    if not mix.startswith("docs:"):
-        return mix_lengths(mix, S, seed, mean_len=SEED_MEAN_LEN)
-    n = min(int(mix.split(":")[1]), S)
-    edges = [0] + (sorted(random.Random(seed).sample(range(1, S), n - 1)) if n > 1 else []) + [S]
-    return [b - a for a, b in zip(edges, edges[1:])]
+    """Lengths of ``mix``'s documents summing to S (a mix of ``benchmarks.op``)."""
+    return mix_lengths(parse_mix(mix), S, seed, mean_len=SEED_MEAN_LEN)
 
 
 def make_batches(args, mix: str) -> list[dict]:
@@ -420,8 +408,6 @@ def workload_rows(args, workload, mix, mode, variants, batches, device) -> list[
         rows.append({**row, **info, **(calls.info() if calls else {})})
     return rows
 
-
-progress = functools.partial(stamped, "model step")
 
 
 def run_part(args) -> dict:

@@ -49,14 +49,14 @@ def _fill(S: int, draw) -> list[int]:
 def parse_mix(token: str) -> str:
     """The canonical name of one --doc-mix token (raises SystemExit on a bad one)."""
     t = token.strip().lower()
-    m = re.fullmatch(r"(seed|ones|one)|uniform:(\d+)-(\d+)|fixed:(\d+)", t)
+    m = re.fullmatch(r"(seed|ones|one)|uniform:(\d+)-(\d+)|(fixed|docs):(\d+)", t)
     if m and m[1]:
         return t
     if m and m[2] and 1 <= int(m[2]) <= int(m[3]):
         return f"uniform:{int(m[2])}-{int(m[3])}"
-    if m and m[4] and int(m[4]) >= 1:
-        return f"fixed:{int(m[4])}"
-    raise SystemExit(f"unknown --doc-mix {token!r}: use seed, uniform:A-B, ones, fixed:N or one")
+    if m and m[4] and int(m[5]) >= 1:
+        return f"{m[4]}:{int(m[5])}"
+    raise SystemExit(f"unknown --doc-mix {token!r}: use seed, uniform:A-B, ones, fixed:N, docs:N or one")
 
 
 def parse_mixes(values) -> list[str]:
@@ -78,6 +78,9 @@ def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
     if mix.startswith("fixed:"):
         n = int(mix.split(":")[1])
         return [n] * (S // n) + ([S % n] if S % n else [])
+    if mix.startswith("docs:"):  # N documents: N - 1 random cut points
+        cuts = random.Random(seed).sample(range(1, S), min(int(mix.split(":")[1]), S) - 1)
+        return [b - a for a, b in itertools.pairwise([0, *sorted(cuts), S])]
     if mix.startswith("uniform:"):
         lo, hi = (int(v) for v in mix.split(":")[1].split("-"))
         rng = random.Random(seed * 7919 + zlib.crc32(mix.encode()))
@@ -623,7 +626,8 @@ def parse_args(argv=None):
     a = (p := argparse.ArgumentParser(description=__doc__.split("\n")[0])).add_argument
     a("--dry-run", action="store_true", help="tiny shapes on the CPU, backend='reference', perf_counter marks")
     a("--rows", help="comma list: C values keep the grid rows of those C; SxC tokens (250340x512) add shapes")
-    a("--doc-mix", action="append", help="comma list (may repeat): seed (default), uniform:A-B, ones, fixed:N, one")
+    a("--doc-mix", action="append", help="comma list (may repeat): seed (default), uniform:A-B, ones, fixed:N, docs:N, "
+      "one")
     a("--bias", choices=("both", "no", "yes"), default="both", help="bias variants (default both)")
     a("--width", default="4", help="taps per channel W, comma list of 2..8 (default 4)")
     a("--activation", default="silu", help="comma list of silu, none (default silu)")
