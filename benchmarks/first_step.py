@@ -22,8 +22,7 @@ import tempfile  # noqa: E402
 from benchmarks.report import (REPO_ROOT, cell, ended, option_parser, package_version,  # noqa: E402
                                run_child, run_stamp, stamped, write_json, write_result_files)
 
-LIBRARIES = ("cakeconv", "cakeconv_no_quick", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao",
-             "dao_det")
+LIBRARIES = ("cakeconv", "cakeconv_no_quick", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao", "dao_det")
 DOC_EDGES = (0.0, 0.10, 0.35, 0.65, 1.0)  # document boundaries, fractions of S
 ROW_ENV = {"cakeconv_no_quick": {"CAKECONV_QUICK_KERNELS": "0"},  # the environment of each row's processes
            "cakeconv_one_thread": {"CAKECONV_COMPILE_THREADS": "1"}, "dao": {"CAUSAL_CONV1D_DETERMINISTIC": "0"},
@@ -45,12 +44,9 @@ ROW_FIELDS = (
     "cold_process_s", "warm_process_s", "profile_process_s", "warm_profile", "device", "torch", "triton", "date",
     "commit")
 OPTIONS = (  # (name, default, help)
-    ("libraries", ",".join(LIBRARIES), "rows, in order: cakeconv (quick twins first, the full kernels in the "
-     "background), cakeconv_no_quick (CAKECONV_QUICK_KERNELS=0: the full kernels side by side, waited for), "
-     "cakeconv_one_thread (CAKECONV_COMPILE_THREADS=1: each kernel compiled at its first launch), "
-     "cakeconv_after_warmup (after python -m cakeconv "
-     "warmup into the empty cache), fla (FLA's Triton causal_conv1d), dao and dao_det (causal_conv1d_fn, "
-     "CAUSAL_CONV1D_DETERMINISTIC 0 and 1)"),
+    ("libraries", ",".join(LIBRARIES), "rows, in order (benchmarks/README.md): cakeconv_no_quick sets "
+     "CAKECONV_QUICK_KERNELS=0, cakeconv_one_thread CAKECONV_COMPILE_THREADS=1, cakeconv_after_warmup runs python "
+     "-m cakeconv warmup first, dao and dao_det CAUSAL_CONV1D_DETERMINISTIC 0 and 1"),
     ("tokens", 32768, "S packed tokens"), ("channels", 512, "C of the first step, the stride case, the steady calls"),
     ("new-channels", 2048, "the new C measured in the same process"),
     ("steady-calls", 20, "fwd+bwd calls after the new shapes (their median and max)"),

@@ -28,6 +28,8 @@ import sys
 import time
 import zlib
 
+import torch
+
 from benchmarks.report import (BASE_WA, PASS_LABEL, PASSES, PEERS, PROVIDERS, REPO_ROOT, fmt_secs, log, note, op_plots,
                                op_table, package_version, read_jsonl, row_key, run_environment, write_csv, write_jsonl)
 from benchmarks.timing import (HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth, eager_forms, percentile, time_gpu,
@@ -66,9 +68,7 @@ def parse_mixes(values) -> list[str]:
 
 
 def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
-    """Document lengths of ``mix`` summing to S (seed: the shape's seed)."""
-    if S == 0:
-        return []
+    """Document lengths of ``mix`` summing to S > 0 (seed: the shape's seed)."""
     if mix == "seed":  # 85% exponential around mean_len (capped at 8x it), 15% short documents of 1..63 tokens
         rng = random.Random(seed)
         return _fill(S, lambda: rng.randint(1, 63) if rng.random() < 0.15 else min(
@@ -90,14 +90,12 @@ def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
 
 def mix_cu(S: int, mix: str, seed: int, device="cuda"):
     """cu_seqlens (int32 [N+1], on ``device``) of the benchmark's document mix ``mix`` (a --doc-mix token)."""
-    import torch
     lens = mix_lengths(parse_mix(mix), S, seed, mean_len=SEED_MEAN_LEN)
     return torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
 
 
 def sweep_cu(S: int, seed: int, mean: int = SEED_MEAN_LEN, device="cuda"):
     """cu_seqlens of the sweep's mix: lengths uniform in 1..2*mean-1 (one document if mean >= S)."""
-    import torch
     g, cuts = torch.Generator().manual_seed(seed), [0]
     while cuts[-1] < S:
         step = S if mean >= S else int(torch.randint(1, 2 * mean, (), generator=g))
@@ -149,9 +147,9 @@ def shape_seed(seed: int, S: int, C: int) -> int:
     return seed * 1_000_003 + S * 131 + C
 
 
-def _normal(torch, gen, shape, device, scale=None):
-    """randn(shape) in fp32 from gen: rounded to bf16 (scale None), or times scale (fp32)."""
-    t = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+def _normal(gen, shape, scale=None):
+    """randn(shape) in fp32 from gen (on its device): rounded to bf16 (scale None), or times scale (fp32)."""
+    t = torch.randn(*shape, generator=gen, device=gen.device, dtype=torch.float32)
     return t.to(torch.bfloat16) if scale is None else (t * scale).contiguous()
 
 
@@ -159,7 +157,7 @@ class Shape:
     """One shape's inputs, the same for every provider: 2..max_sets (x, dy) sets bf16 N(0, 1), enough for 8x the L2;
     taps [C, W] N(0, 0.25), bias N(0, 0.04), drawn after the sets for every W (so W = 4 keeps its older draws)."""
 
-    def __init__(self, torch, S, C, device, seed, mean_doc_len, l2_bytes, max_sets, mix):
+    def __init__(self, S, C, device, seed, mean_doc_len, l2_bytes, max_sets, mix):
         self.S, self.C, self.device, self.mix, self.extra = S, C, device, mix, {}
         self.lengths = mix_lengths(mix, S, shape_seed(seed, S, C), mean_doc_len)
         self.n_docs, self.doc_min, self.doc_max = len(self.lengths), min(self.lengths), max(self.lengths)
@@ -167,28 +165,26 @@ class Shape:
         self.pos = torch.arange(S, dtype=torch.int64, device=device) - torch.repeat_interleave(  # in its document
             self.cu[:-1].to(torch.int64), torch.tensor(self.lengths, dtype=torch.int64, device=device))
         gen = torch.Generator(device=device).manual_seed(shape_seed(seed, S, C))
-        self.sets = [(_normal(torch, gen, (S, C), device), _normal(torch, gen, (S, C), device))
+        self.sets = [(_normal(gen, (S, C)), _normal(gen, (S, C)))
                      for _ in range(max(2, min(max_sets, math.ceil(8 * l2_bytes / max(1, 2 * S * C * 2)))))]
         self.taps_state, self.width = gen.get_state(), None
-        self.use_taps(torch, *BASE_WA)
+        self.use_taps(*BASE_WA)
 
-    def use_taps(self, torch, width: int, act: str) -> None:
+    def use_taps(self, width: int, act: str) -> None:
         """Taps [C, width] and bias of this width (see the class docstring), and the activation label act."""
         if width != self.width:
             gen = torch.Generator(device=self.device)
             gen.set_state(self.taps_state)
-            self.w, self.b = _normal(torch, gen, (self.C, width), self.device, 0.5), _normal(
-                torch, gen, (self.C,), self.device, 0.2)
+            self.w, self.b = _normal(gen, (self.C, width), 0.5), _normal(gen, (self.C,), 0.2)
         self.width, self.act, self.activation = width, act, None if act == "none" else act
 
-    def chain_params(self, torch, chain: int, use_bias: bool):
+    def chain_params(self, chain: int, use_bias: bool):
         """``chain`` distinct taps (and biases) for the eager loop, the same for every provider."""
         key = ("chain", chain, use_bias, self.width)
         if key not in self.extra:
             gen = torch.Generator(device=self.device).manual_seed(shape_seed(0, self.S, self.C) + 17)
-            ws = [_normal(torch, gen, (self.C, self.width), self.device, 0.5) for _ in range(chain)]
-            self.extra[key] = ws, [_normal(torch, gen, (self.C,), self.device, 0.2) if use_bias else None
-                                   for _ in range(chain)]
+            ws = [_normal(gen, (self.C, self.width), 0.5) for _ in range(chain)]
+            self.extra[key] = ws, [_normal(gen, (self.C,), 0.2) if use_bias else None for _ in range(chain)]
         return self.extra[key]
 
     def where(self, use_bias=None) -> str:
@@ -205,8 +201,8 @@ class Provider:
     """An autograd op ``op(x, w, b, sh)`` in its layout (SC [S, C], 1SC [1, S, C], CS the [1, C, S] view); env
     (variable, value) is set around each of its calls; supports(W, activation) says why it cannot, or None."""
 
-    def __init__(self, torch, name, op, layout="SC", prepare=None, env=None, supports=None):
-        self.torch, self.name, self.op, self.layout, self.env = torch, name, op, layout, env
+    def __init__(self, name, op, layout="SC", prepare=None, env=None, supports=None):
+        self.name, self.op, self.layout, self.env = name, op, layout, env
         self.prepare, self.supports = prepare or (lambda sh: {}), supports or (lambda width, activation: None)
 
     def to_layout(self, t, sh):
@@ -238,7 +234,7 @@ class Provider:
         self.inputs = [[xl, self.w_leaf] + ([self.b_leaf] if use_bias else []) for xl in self.x_leaves]
         self.graphs = []
         if need_bwd_graph:
-            with self.torch.enable_grad():
+            with torch.enable_grad():
                 self.graphs = [self.op(xl, self.w_leaf, self.b_leaf, sh) for xl in self.x_leaves]
 
     def release_bias(self):
@@ -246,7 +242,7 @@ class Provider:
 
     def callable_for(self, pass_, sh, use_bias):
         """fn(i): one call of pass_ on input set i."""
-        torch, op, xs, dys, w, b = self.torch, self.op, self.xs, self.dys, sh.w, (sh.b if use_bias else None)
+        op, xs, dys, w, b = self.op, self.xs, self.dys, sh.w, (sh.b if use_bias else None)
         xl, wl, bl, inputs, graphs = self.x_leaves, self.w_leaf, self.b_leaf, self.inputs, self.graphs
         if pass_ == "bwd":
             return lambda i: torch.autograd.grad(graphs[i], inputs[i], dys[i], retain_graph=True)
@@ -262,9 +258,9 @@ class Provider:
 
     def outputs(self, sh, use_bias):
         """(y, dx [S, C], dw [C, W], db [C] or None) on input set 0."""
-        with self.torch.enable_grad():
+        with torch.enable_grad():
             y = self.op(self.x_leaves[0], self.w_leaf, self.b_leaf, sh)
-            grads = self.torch.autograd.grad(y, self.inputs[0], self.dys[0])
+            grads = torch.autograd.grad(y, self.inputs[0], self.dys[0])
         back = lambda t: (t.transpose(1, 2) if self.layout == "CS" else t).reshape(sh.S, sh.C)  # noqa: E731
         return back(y.detach()), back(grads[0]), grads[1], grads[2] if use_bias else None
 
@@ -272,9 +268,9 @@ class Provider:
 class Ours(Provider):
     """cakeconv: GPU time of its entry points (the library allocates), the autograd op for eager loop and host cost."""
 
-    def __init__(self, torch, cakeconv, backend):
+    def __init__(self, cakeconv, backend):
         self.m, self.backend = cakeconv, backend
-        super().__init__(torch, "ours", lambda x, w, b, sh: cakeconv.cake_causal_conv1d_det(
+        super().__init__("ours", lambda x, w, b, sh: cakeconv.cake_causal_conv1d_det(
             x, w, b, cu_seqlens=sh.cu, **self.kw(sh)))
 
     def kw(self, sh) -> dict:
@@ -306,7 +302,7 @@ class Ours(Provider):
 
     def extra_host_items(self, sh, calls):
         """``ws``: the workspace entry points, forward + backward per pair, every buffer preallocated."""
-        torch, m, kw, cu, w, (x, dy) = self.torch, self.m, self.kw(sh), sh.cu, sh.w, sh.sets[0]
+        m, kw, cu, w, (x, dy) = self.m, self.kw(sh), sh.cu, sh.w, sh.sets[0]
         y, dx = torch.empty_like(x), torch.empty_like(x)
         nbytes = m.cake_causal_conv1d_det_train_backward_workspace_bytes(sh.S, sh.C, width=sh.width)
         ws = torch.empty(max(16, nbytes), dtype=torch.uint8, device=x.device)
@@ -330,7 +326,7 @@ def baseline_op(torch, name: str):
     return lambda x, w, b, sh=None: TrivialFunction.apply(x, w)
 
 
-def load_providers(torch, st, notes: list) -> tuple:
+def load_providers(st, notes: list) -> tuple:
     """(the providers of --providers that can run here, cakeconv or None, the peers' versions); each one that cannot
     is noted. A cakeconv on PYTHONPATH (an A/B) wins over this repository's, which ``python -m`` puts first."""
     first = next((d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -343,13 +339,13 @@ def load_providers(torch, st, notes: list) -> tuple:
     except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
         cakeconv = None
         note(notes, f"cakeconv did not import ({type(exc).__name__}: {exc})")
-    provs, ours = [], Ours(torch, cakeconv, st.backend) if cakeconv is not None else None
+    provs, ours = [], Ours(cakeconv, st.backend) if cakeconv is not None else None
     for name in st.providers:
         if name in ("ours", "ours_ag"):
             if ours is None:
                 note(notes, f"{name}: skipped, cakeconv did not import")
             else:
-                provs.append(ours if name == "ours" else Provider(torch, "ours_ag", ours.op, supports=ours.supports))
+                provs.append(ours if name == "ours" else Provider("ours_ag", ours.op, supports=ours.supports))
         elif st.device.type != "cuda":
             why = "its Triton kernels need a CUDA device" if name == "fla" else "CUDA extension"
             note(notes, f"{name}: skipped ({why})")
@@ -362,7 +358,7 @@ def load_providers(torch, st, notes: list) -> tuple:
                 note(notes, f"fla: skipped, import failed ({type(exc).__name__}: {exc}); install: "
                             "pip install --no-deps --target /tmp/fla .fla/*.whl && export PYTHONPATH=/tmp/fla")
                 continue
-            provs.append(Provider(torch, "fla", lambda x, w, b, sh: causal_conv1d(
+            provs.append(Provider("fla", lambda x, w, b, sh: causal_conv1d(
                 x=x, weight=w, bias=b, activation=sh.activation, backend="triton", cu_seqlens=sh.cu,
                 chunk_indices=sh.extra["fla_chunk_indices"])[0], layout="1SC",
                 prepare=lambda sh: {"fla_chunk_indices": prepare_chunk_indices(sh.cu, 64)}))
@@ -373,7 +369,7 @@ def load_providers(torch, st, notes: list) -> tuple:
                 note(notes, f"{name}: skipped, causal_conv1d did not import ({type(exc).__name__}: {exc}); build: "
                             "bash benchmarks/device_run.sh peers ...")
                 continue
-            provs.append(Provider(torch, name, lambda x, w, b, sh: causal_conv1d_fn(
+            provs.append(Provider(name, lambda x, w, b, sh: causal_conv1d_fn(
                 x, w, b, seq_idx=sh.extra["dao_seq_idx"], activation=sh.activation), layout="CS",
                 prepare=lambda sh: {"dao_seq_idx": torch.repeat_interleave(
                     torch.arange(sh.n_docs, dtype=torch.int32, device=sh.device),
@@ -389,20 +385,17 @@ def load_providers(torch, st, notes: list) -> tuple:
     return provs, cakeconv, versions
 
 
-def _shift(torch, t, s: int, pos, back: bool):
+def _shift(t, s: int, pos, back: bool):
     """t moved s rows within each document (zeros where that leaves it): back, row t - s at t; else row t + s."""
-    out = torch.zeros_like(t)
+    out, first = torch.zeros_like(t), (pos < s)[:, None]  # row t' reaches back to t' - s only inside its document
     if back:
         out[s:] = t[:-s]
-        out[pos < s] = 0.0
-    else:
-        src = t.clone()
-        src[pos < s] = 0.0  # row t' reaches back to t' - s only inside its document
-        out[:-s] = src[s:]
+        return out.masked_fill_(first, 0.0)
+    out[:-s] = t.masked_fill(first, 0.0)[s:]
     return out
 
 
-def reference(torch, sh: Shape, x, dy, use_bias: bool, block_c: int = 1024):
+def reference(sh: Shape, x, dy, use_bias: bool, block_c: int = 1024):
     """(y, dx fp32, dw, db fp64) of SPEC 1b, FP32 with FP64 reductions, by channel blocks (w[:, W-1]: token t)."""
     (S, C), W, pos = x.shape, sh.w.shape[1], sh.pos
     y, dx = (torch.empty(S, C, dtype=torch.float32, device=x.device) for _ in range(2))
@@ -414,7 +407,7 @@ def reference(torch, sh: Shape, x, dy, use_bias: bool, block_c: int = 1024):
         if use_bias:
             pre = pre + sh.b[c0:c1].float()
         for s in range(1, W):
-            pre = pre + _shift(torch, xf, s, pos, True) * wf[:, W - 1 - s]
+            pre = pre + _shift(xf, s, pos, True) * wf[:, W - 1 - s]
         g = dy[:, c0:c1].float()
         if sh.activation is not None:
             sig = 1.0 / (1.0 + torch.exp(-pre))
@@ -426,15 +419,15 @@ def reference(torch, sh: Shape, x, dy, use_bias: bool, block_c: int = 1024):
         dxb = g * wf[:, W - 1]
         dw[c0:c1, W - 1] = torch.sum(g * xf, 0, dtype=torch.float64)
         for s in range(1, W):
-            dxb = dxb + _shift(torch, g, s, pos, False) * wf[:, W - 1 - s]
-            dw[c0:c1, W - 1 - s] = torch.sum(g * _shift(torch, xf, s, pos, True), 0, dtype=torch.float64)
+            dxb = dxb + _shift(g, s, pos, False) * wf[:, W - 1 - s]
+            dw[c0:c1, W - 1 - s] = torch.sum(g * _shift(xf, s, pos, True), 0, dtype=torch.float64)
         dx[:, c0:c1] = dxb
         db[c0:c1] = torch.sum(g, 0, dtype=torch.float64)
         del xf, pre, g, dxb
     return y, dx, dw, db
 
 
-def rel_err(torch, got, ref) -> float:
+def rel_err(got, ref) -> float:
     """||got - ref|| / ||ref|| in FP64 over chunks; inf if got is not finite or not ref's size, nan if None."""
     if got is None:
         return float("nan")
@@ -451,9 +444,9 @@ def rel_err(torch, got, ref) -> float:
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
-def check_shape(torch, sh: Shape, active: list, use_bias: bool, notes: list) -> list[dict]:
+def check_shape(sh: Shape, active: list, use_bias: bool, notes: list) -> list[dict]:
     """Check rows: each provider's y, dx, dw (db) on set 0 vs the reference, ours' y vs fla's; failures dropped."""
-    ref = reference(torch, sh, *sh.sets[0], use_bias)
+    ref = reference(sh, *sh.sets[0], use_bias)
     head = {"kind": "check", "mix": sh.mix, "S": sh.S, "C": sh.C, "width": sh.width, "activation": sh.act,
             "bias": use_bias}
     rows, ys = [], {}
@@ -465,8 +458,8 @@ def check_shape(torch, sh: Shape, active: list, use_bias: bool, notes: list) -> 
             active.remove(p)
             p.release_bias()
             continue
-        errs = {k: rel_err(torch, o, r) for k, o, r in zip(("y_rel", "dx_rel", "dw_rel"), outs, ref)}
-        errs["db_rel"] = rel_err(torch, outs[3], ref[3]) if use_bias else None
+        errs = {k: rel_err(o, r) for k, o, r in zip(("y_rel", "dx_rel", "dw_rel"), outs, ref)}
+        errs["db_rel"] = rel_err(outs[3], ref[3]) if use_bias else None
         ok = all(v is not None and v <= CHECK_TOL for k, v in errs.items() if use_bias or k != "db_rel")
         rows.append({**head, "provider": p.name, **errs, "ok": ok})
         ys[p.name] = outs[0]
@@ -476,21 +469,20 @@ def check_shape(torch, sh: Shape, active: list, use_bias: bool, notes: list) -> 
         yo, yf = ys["ours"].reshape(-1), ys["fla"].reshape(-1)
         d = max((float((yo[i:i + CHUNK].float() - yf[i:i + CHUNK].float()).abs().max())
                  for i in range(0, yo.numel(), CHUNK)), default=0.0)
-        e = rel_err(torch, yo, yf)
+        e = rel_err(yo, yf)
         rows.append({**head, "provider": "ours_vs_fla", "y_rel": e, "y_max_abs": d, "dx_rel": None, "dw_rel": None,
                      "db_rel": None, "ok": e <= CHECK_TOL})
     return rows
 
 
-def provider_forms(torch, p, sh: Shape, use_bias: bool, st, modes, notes: list, failed: str) -> dict:
+def provider_forms(p, sh: Shape, use_bias: bool, st, modes, notes: list, failed: str) -> dict:
     """{(p.name, form): (fn, calls)} of eager_forms (x, st.chain taps and biases as leaves, samples inside p.around),
     ours' ``ws`` too with nograd (the host cost); {} with a note (``failed``) when p fails to set up."""
     try:
         x0, dy0 = sh.sets[0]
         x_leaf, dy = p.to_layout(x0, sh).detach().requires_grad_(), p.to_layout(dy0, sh)
-        ws, bs = sh.chain_params(torch, st.chain, use_bias)
-        ws = [w.detach().clone().requires_grad_() for w in ws]
-        bs = [b.detach().clone().requires_grad_() if b is not None else None for b in bs]
+        ws, bs = ([t if t is None else t.detach().clone().requires_grad_() for t in ts]
+                  for ts in sh.chain_params(st.chain, use_bias))
         params = [x_leaf] + ws + [b for b in bs if b is not None]
         forms = {form: (p.around(fn), n) for form, (fn, n) in eager_forms(
             torch, lambda y, i: p.op(y, ws[i], bs[i], sh), x_leaf, dy, params, st.chain, st.calls, modes).items()}
@@ -501,7 +493,7 @@ def provider_forms(torch, p, sh: Shape, use_bias: bool, st, modes, notes: list, 
     return {(p.name, form): fn_calls for form, fn_calls in forms.items()}
 
 
-def eager_at_shape(torch, sh: Shape, active: list, use_bias: bool, st, sync, notes: list) -> dict:
+def eager_at_shape(sh: Shape, active: list, use_bias: bool, st, sync, notes: list) -> dict:
     """{(provider, form): [ms per call]} of the eager loop (chain, step) at one shape, if it fits in memory."""
     where = sh.where(use_bias)
     if sh.device.type == "cuda":
@@ -512,22 +504,22 @@ def eager_at_shape(torch, sh: Shape, active: list, use_bias: bool, st, sync, not
             return {}
     subjects = {}
     for p in [p for p in active if p.name != "ours_ag" or "ours" not in {q.name for q in active}]:
-        subjects.update(provider_forms(torch, p, sh, use_bias, st, EAGER_METHOD, notes, f"eager loop failed {where}"))
+        subjects.update(provider_forms(p, sh, use_bias, st, EAGER_METHOD, notes, f"eager loop failed {where}"))
     return wall_samples(subjects, st.eager_steps, st.eager_warmup, sync, sync, lambda key, exc: note(
         notes, f"{key[0]} eager {key[1]} failed {where}: {type(exc).__name__}: {exc}"))
 
 
-def host_cost(torch, st, provs, sync, notes: list, record) -> None:
+def host_cost(st, provs, sync, notes: list, record) -> None:
     """Host cost per call at the host shape (one document, no bias, first (W, activation), GPU idle)."""
     (S, C), (width, act) = st.host_shape, st.width_acts[0]
-    sh = Shape(torch, S, C, st.device, st.seed, st.mean_doc_len, st.l2_bytes, 1, "one")
-    sh.use_taps(torch, width, act)
+    sh = Shape(S, C, st.device, st.seed, st.mean_doc_len, st.l2_bytes, 1, "one")
+    sh.use_taps(width, act)
     subjects = {}
-    for p in [p for p in provs if p.name != "ours_ag"] + [Provider(torch, n, baseline_op(torch, n)) for n in BASELINES]:
+    for p in [p for p in provs if p.name != "ours_ag"] + [Provider(n, baseline_op(torch, n)) for n in BASELINES]:
         if p.supports(width, sh.activation) is not None:
             note(notes, f"{p.name}: no host cost at W={width}, activation {act}: {p.supports(width, sh.activation)}")
         elif prepare([p], sh, notes):
-            subjects.update(provider_forms(torch, p, sh, False, st, HOST_PASS, notes, "host cost failed"))
+            subjects.update(provider_forms(p, sh, False, st, HOST_PASS, notes, "host cost failed"))
     log(f"host cost: S={S} C={C} W={width} {act} one document, {len(subjects)} items, {st.host_steps} samples "
         f"of {st.calls} calls (chain: {st.chain}) (+{st.host_warmup} warm-up)")
     t0 = time.perf_counter()
@@ -657,7 +649,7 @@ def _choices(text, allowed, what, need_one=False) -> list:
     return out
 
 
-def settings(st, torch):
+def settings(st):
     """The parsed options with the run's settings resolved (--dry-run changes the defaults); SystemExit if bad."""
     dry = st.dry_run
     if not dry and not torch.cuda.is_available():
@@ -711,16 +703,16 @@ def prepare(provs, sh, notes: list, use_bias=None, need_bwd_graph=False) -> list
     return ready
 
 
-def run_grid(torch, st, provs, clock, notes, record, checks, t_start) -> None:
+def run_grid(st, provs, clock, notes, record, checks, t_start) -> None:
     """Every mix x shape x (W, activation) x bias variant: the check, GPU time and eager loop, progress lines."""
     grid = [(mix, S, C) for mix in st.mixes for S, C in st.shapes]
     total = sum(S * C for _, S, C in grid) * len(st.bias_variants) * len(st.width_acts)
     done, counter, noted = 0, 0, set()
     for i_shape, (mix, S, C) in enumerate(grid):
-        sh = Shape(torch, S, C, st.device, st.seed, st.mean_doc_len, st.l2_bytes, st.max_sets, mix)
+        sh = Shape(S, C, st.device, st.seed, st.mean_doc_len, st.l2_bytes, st.max_sets, mix)
         live = prepare(provs, sh, notes)
         for (width, act), use_bias in itertools.product(st.width_acts, st.bias_variants):
-            sh.use_taps(torch, width, act)
+            sh.use_taps(width, act)
             why = {p.name: p.supports(width, sh.activation) for p in live}
             for name in [n for n, w in why.items() if w and (n, width, act) not in noted]:
                 noted.add((name, width, act))
@@ -730,7 +722,7 @@ def run_grid(torch, st, provs, clock, notes, record, checks, t_start) -> None:
             if not st.no_check and active:
                 log(f"{tag}: {sh.n_docs} documents ({sh.doc_min}-{sh.doc_max}); checking {[p.name for p in active]} "
                     "against the FP32 reference")
-                checks += check_shape(torch, sh, active, use_bias, notes)
+                checks += check_shape(sh, active, use_bias, notes)
             calls = [(p, p_, p.around(p.callable_for(p_, sh, use_bias))) for p in active for p_ in st.passes]
             g = time_gpu(clock, calls, len(sh.sets), counter, st.reps, st.warmup,
                          lambda name, p_, exc, where=sh.where(use_bias): note(
@@ -743,7 +735,7 @@ def run_grid(torch, st, provs, clock, notes, record, checks, t_start) -> None:
                             "host_ahead_us": g.window_us[(name, p_)] if st.sleeping else 0.0})
                     summary.append(f"{name}:{PASS_LABEL[p_]}={statistics.median(ts):.3f}ms")
             if st.eager and (st.eager_c is None or sh.C in st.eager_c) and sh.mix in (st.eager_mixes or [sh.mix]):
-                for (name, mode), ts in eager_at_shape(torch, sh, active, use_bias, st, clock.sync, notes).items():
+                for (name, mode), ts in eager_at_shape(sh, active, use_bias, st, clock.sync, notes).items():
                     record({**sh.row_base(use_bias), "method": EAGER_METHOD[mode], "pass": "fwdbwd", "provider": name,
                             "times": ts, "host_ms": 0.0, "chain": st.chain if mode == "chain" else 1, "n_sets": 1})
                     summary.append(f"{name}:{EAGER_METHOD[mode]}={statistics.median(ts):.3f}ms/call")
@@ -813,9 +805,8 @@ def main(argv=None) -> int:
         print(replot(args))
         return 0
     t_start = time.perf_counter()
-    import torch
-    st, notes = settings(args, torch), []
-    provs, cakeconv, versions = load_providers(torch, st, notes)
+    st, notes = settings(args), []
+    provs, cakeconv, versions = load_providers(st, notes)
     if not provs:
         raise SystemExit("no provider available")
     env = run_environment(torch, st.device, "cpu (dry-run)")
@@ -841,9 +832,9 @@ def main(argv=None) -> int:
         with open(partial, "a") as f:
             f.write(json.dumps({"kind": "partial", **{k: v for k, v in r.items() if k != "times"},
                                 "median_ms": statistics.median(r["times"]), "n": len(r["times"])}) + "\n")
-    run_grid(torch, st, provs, clock, notes, record, checks, t_start)
+    run_grid(st, provs, clock, notes, record, checks, t_start)
     if st.host_cost:
-        host_cost(torch, st, provs, clock.sync, notes, record)
+        host_cost(st, provs, clock.sync, notes, record)
     copy1 = copy_bandwidth(torch, clock, st.copy_bytes, 10, HOST_AHEAD_MIN_US)[0]
     copy_gbs = max(copy0, copy1)  # a copy that slows down during the run must not inflate the fractions
     log(f"copy bandwidth (end): {copy1:.0f} GB/s; used: {copy_gbs:.0f} GB/s (the higher reading)")

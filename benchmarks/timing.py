@@ -1,16 +1,12 @@
 """The timing protocol the benchmarks (and the kernel tools) share; benchmarks/README.md has the long form.
 
-* Copy bandwidth: ``dst.copy_(src)`` of a large bf16 tensor, bytes read plus bytes written, the median of
-  several calls: the ceiling every time is rated against (SPEC section 7).
-* Cold L2: before each timed call, outside its span, a read of a 256 MiB buffer evicts the L2 (a read leaves
-  no dirty lines for the timed call to write back).
-* Host queued ahead: before each timed call ``torch.cuda._sleep`` holds the GPU so that the host enqueues the
-  whole call before the GPU reaches it. The ``auto`` window is ``HOST_AHEAD_FACTOR`` x the host time to
-  enqueue the call, at least ``HOST_AHEAD_MIN_US``, at most ``HOST_AHEAD_MAX_US``.
-* Eager loop: no sleep; wall time between two synchronisations (forms: ``eager_forms``). Subjects are sampled
-  round by round in an order that rotates every round, so none always follows the same neighbour.
-
-On the CPU (``--dry-run``) the marks are ``time.perf_counter`` readings and nothing sleeps or evicts.
+Copy bandwidth: ``dst.copy_(src)`` of a large bf16 tensor, bytes read + written, the median of several calls.
+Cold L2: before each timed call, outside its span, a read of a 256 MiB buffer evicts the L2 (no dirty lines).
+Host queued ahead: before each timed call ``torch.cuda._sleep`` holds the GPU while the host enqueues the whole
+call; the ``auto`` window is ``HOST_AHEAD_FACTOR`` x the host time to enqueue it, within ``HOST_AHEAD_MIN_US`` ..
+``HOST_AHEAD_MAX_US``. Eager loop: no sleep; wall time between two synchronisations (``eager_forms``), subjects
+sampled in an order that rotates every round. On the CPU the marks are ``time.perf_counter`` readings and
+nothing sleeps or evicts.
 """
 
 from __future__ import annotations
