@@ -59,14 +59,6 @@ def git_commit() -> str | None:
     return head + ("-dirty" if _git("status", "--porcelain", "--", "cakeconv", "benchmarks") else "")
 
 
-def triton_version() -> str | None:
-    try:
-        import triton
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
-    return triton.__version__
-
-
 def package_version(module: str, *distributions: str) -> str | None:
     """The imported ``module``'s ``__version__``, else the first installed of ``distributions`` (or ``module``)."""
     found = getattr(sys.modules.get(module), "__version__", None)
@@ -85,8 +77,8 @@ def run_stamp() -> dict:
 
 def run_environment(torch, device, cpu_name: str) -> dict:
     """The fields every run records; ``cpu_name`` stands for the GPU's name on a CPU run."""
-    env = {**run_stamp(), "torch": torch.__version__, "triton": triton_version(), "gpu": cpu_name, "sm": None,
-           "l2_bytes": 0, "cuda": None}
+    env = {**run_stamp(), "torch": torch.__version__, "triton": package_version("triton", "triton", "pytorch-triton"),
+           "gpu": cpu_name, "sm": None, "l2_bytes": 0, "cuda": None}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(gpu=props.name, sm=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
