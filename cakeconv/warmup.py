@@ -146,8 +146,9 @@ def _mamba_ssm_pair_step(problem: WarmupProblem, shape, cu) -> None:
     dao.causal_conv1d_bwd_function(x_BDT, w, b, dout_BDT, seq_idx, None, None, dx_BDT, False, silu, backend="triton")
 
 
-def _record(problem: WarmupProblem, tokens=None) -> list:
-    """The launches of the problem's representative forward + backward calls (nothing runs)."""
+def _record(problem: WarmupProblem, tokens=None, twins: bool = False) -> list:
+    """The launches of the problem's representative forward + backward calls (nothing runs); ``twins``:
+    their quick twins' too (``launch.record_launches``)."""
     from . import cake_causal_conv1d_det
     from .cake_causal_conv1d_det_train_backend import checks, conv
     from .cake_causal_conv1d_det_train_backend.kernels import launch
@@ -158,7 +159,7 @@ def _record(problem: WarmupProblem, tokens=None) -> list:
     try:
         for shape, cu in _calls(problem, tokens):
             if problem.mamba_ssm_row_stride is not None:
-                with launch.record_launches() as recorded:
+                with launch.record_launches(twins=twins) as recorded:
                     _mamba_ssm_pair_step(problem, shape, cu)
                 launches += recorded
                 continue
@@ -166,7 +167,7 @@ def _record(problem: WarmupProblem, tokens=None) -> list:
             w = torch.zeros(problem.C, problem.width, dtype=problem.weight_dtype).requires_grad_(True)
             b = torch.zeros(problem.C, dtype=problem.weight_dtype).requires_grad_(True) if problem.bias else None
             cu_t = None if cu is None else torch.tensor(cu, dtype=problem.cu_dtype)
-            with launch.record_launches() as recorded:
+            with launch.record_launches(twins=twins) as recorded:
                 y = cake_causal_conv1d_det(x, w, b, cu_seqlens=cu_t, activation=problem.activation, backend="triton")
                 y.backward(torch.empty_like(y))
             launches += recorded
@@ -186,19 +187,13 @@ def problem_specializations(problems, target, tokens=None) -> dict:
     return found
 
 
-def launch_specializations(launches, target, quick=False) -> dict:
-    """``problem_specializations``' dict for recorded launches; ``quick``: of their quick twins (the
-    kernels' QUICK variant where they have one, compile_ahead.py), the other kernels as they are."""
-    from .cake_causal_conv1d_det_train_backend.kernels.launch import QUICK_KERNELS
+def launch_specializations(launches, target) -> dict:
+    """``problem_specializations``' dict for recorded launches."""
     from .cake_causal_conv1d_det_train_backend.kernels.specialization import triton_specialization
 
     found = {}
     for r in launches:
-        args = r.args
-        if quick and r.kernel in QUICK_KERNELS:
-            assert args[-1] == 0, "QUICK is the last constexpr of these kernels"
-            args = (*args[:-1], 1)
-        spec = triton_specialization(r.kernel.fn, args, r.options, target)
+        spec = triton_specialization(r.kernel.fn, r.args, r.options, target)
         options, signature, constexprs, attrs = spec
         text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
                      sorted(options.__dict__.items())))

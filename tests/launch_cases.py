@@ -34,8 +34,8 @@ from cakeconv import build_kcp_context, cake_causal_conv1d_det, cake_causal_conv
 # Integer arguments that never take the value 1 (by name, or (kernel, name)): 5 * C (C >= 8), C
 # itself, row strides (>= 8 elements), n1 (the segment-index build runs for 5+ segments), and what
 # only two or more groups of the dweight tree launch (S > 8192; one group is the one-group kernel's):
-# the main kernel's S, the group kernel's node, leaf and group counts.
-CANNOT_BE_ONE = {"C5", "C", "so", "sl", "sr", "n1", ("cake_conv_bwd_kernel", "S"),
+# the main kernel's S (and its quick twin's), the group kernel's node, leaf and group counts.
+CANNOT_BE_ONE = {"C5", "C", "so", "sl", "sr", "n1", ("cake_conv_bwd_kernel", "S"), ("cake_conv_bwd_quick_kernel", "S"),
                  ("cake_conv_bwd_group_kernel", "n_nodes"), ("cake_conv_bwd_group_kernel", "n_leaves"),
                  ("cake_conv_bwd_group_kernel", "n_groups")}
 

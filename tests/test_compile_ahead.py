@@ -104,6 +104,7 @@ def asked(monkeypatch, tmp_path):
     monkeypatch.setattr(compile_ahead, "spawn_warmup", spawn_warmup)
     monkeypatch.setattr(compile_ahead, "_children", [])
     monkeypatch.setattr(compile_ahead, "_states", {})
+    monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(
         plan.C, plan.dtype, torch.float32, False, plan.W, plan.activation, torch.int32))
     monkeypatch.setattr(compile_ahead, "tokens_of", lambda plan: regime_tokens(plan.S))  # packed, cu_seqlens
@@ -142,21 +143,24 @@ def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
     _step(9000, 16)  # several groups of the dweight tree: that regime's variants, once
     _step(20000, 16, seed=2)
     assert asked[1][4:] == (6, (MULTI_GROUP_S,)) and len(asked) == 2
-    _step(64, 24)
-    _step(64, 16, W=3, activation=None)
-    assert [a[:3] for a in asked[2:]] == [(24, 4, "silu"), (16, 3, None)]
+    _step(64, 24)  # a new C: the twins compiled for C = 16 serve it (nothing recorded); its full variants' warm-up
+    assert len(asked) == 2 and asked.spawned[-1] == (WarmupProblem(24), 90, 4, (ONE_GROUP_S,))
+    _step(64, 16, W=3, activation=None)  # another width: twins of its own
+    assert [a[:3] for a in asked[2:]] == [(16, 3, None)]
     assert compile_ahead.wait_for_kernels(10)
     monkeypatch.setattr(compile_ahead, "_states", {})
+    monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     conv._plans.clear()
     monkeypatch.setenv(compile_ahead.ENV_QUICK, "0")
     asked.compiles.clear()
     _step(64, 32)  # no quick tier: the full variants, waited for in the calling thread
     assert asked.compiles == [("full", True, 4, 5)] and len(asked.spawned) == 4
     monkeypatch.setattr(compile_ahead, "_states", {})
+    monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     conv._plans.clear()
     monkeypatch.setenv(compile_ahead.ENV_THREADS, "0")
     again = _step(64, 16)  # off: the same step, nothing asked
-    assert len(asked) == 5
+    assert len(asked) == 4
     for a, b in zip(first, again):
         assert torch.equal(a, b)
 
@@ -168,11 +172,13 @@ def test_a_later_process_finds_the_marker_and_asks_nothing(asked, monkeypatch):
                                                      torch.int32), SM90, (ONE_GROUP_S,))
     assert compile_ahead.wait_for_kernels(10) and os.path.exists(marker)  # written once the full ones are in
     monkeypatch.setattr(compile_ahead, "_states", {})  # a new process: nothing done in it yet
+    monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     conv._plans.clear()
     _step(64, 16)
     assert len(asked) == 1
     os.remove(marker)  # the marker gone (another cache, another Triton or kernel version): asked again
     monkeypatch.setattr(compile_ahead, "_states", {})
+    monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     conv._plans.clear()
     _step(64, 16)
     assert len(asked) == 2
@@ -190,9 +196,16 @@ def test_the_compile_says_when_it_starts_and_ends(asked, caplog, monkeypatch):
         assert [lv for lv, _ in lines] == [logging.WARNING] * 3, lines
         assert "compiling 5 quick kernel variants of C=16" in lines[0][1] and "sm_90" in lines[0][1]
         assert "quick kernels of C=16" in lines[1][1] and "in the background" in lines[1][1]
-        assert f"{asked[0][4]} kernel variants of C=16" in lines[2][1] and " ready in " in lines[2][1]
+        assert "the full kernel variants of C=16" in lines[2][1] and " ready in " in lines[2][1]
+        caplog.clear()
+        _step(64, 40)  # a new C: the twins are there; a line when its background compile starts and one when it ends
+        assert compile_ahead.wait_for_kernels(10)
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("cakeconv")]
+        assert len(lines) == 2 and "C=40" in lines[0] and "runs the quick kernels compiled for an earlier" in lines[0]
+        assert "the full kernel variants of C=40" in lines[1], lines
         caplog.clear()
         monkeypatch.setattr(compile_ahead, "_states", {})  # a new process: the marker is there now
+        monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
         conv._plans.clear()
         _step(64, 16)
         assert not [r for r in caplog.records if r.name.startswith("cakeconv")]
@@ -265,6 +278,7 @@ def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path, ti
     assert compile_ahead.wait_for_kernels(10)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "other_cache"))  # no marker there
     monkeypatch.setattr(compile_ahead, "_states", {})
+    monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     monkeypatch.setattr(compile_ahead, "_warned", False)
     conv._plans.clear()
 
@@ -287,26 +301,47 @@ def test_a_failure_warns_once_and_the_step_runs(asked, monkeypatch, tmp_path, ti
         assert compile_ahead.wait_for_kernels(10)
 
 
-def test_quick_twins_of_a_training_step():
-    """The quick tier's items: one twin per variant of the step, QUICK = 1 in the forward and backward
-    kernels (their last constexpr) and nothing else changed; the other kernels as they are."""
+def _spec_texts(items) -> set:
+    return {(name, repr((sorted(sig.items()), sorted(consts.items()), sorted(attrs.items()), sorted(opts.__dict__.items()))))
+            for name, (opts, sig, consts, attrs) in items}
+
+
+def test_quick_twins_of_a_training_step_serve_every_channel_count_and_stride():
+    """The quick tier's items: the twins of the step's forward and backward launches (with the group kernel
+    and the index build they launch), one set for every C and row stride of a problem's dtypes, width and
+    activation, so that a new C's first step finds them compiled (``twins_key``); the full items: the
+    step's own variants, none of a twin."""
+    from collections import Counter
+
     from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
 
     full, quick = compile_ahead.training_step_items(WarmupProblem(256), SM90, (MULTI_GROUP_S,))
-    assert len(full) == len(quick) == 6
-    names = {k.name for k in launch.QUICK_KERNELS}
-    for (name, spec), (q_name, q_spec) in zip(full, quick):
-        assert name == q_name
-        fn = next(k.fn for k in launch.KERNELS if k.name == name)
-        index = (fn.arg_names.index("QUICK"),) if name in names else None
-        for part, q_part in zip(spec[1:], q_spec[1:]):
-            if isinstance(part, dict) and index in part:
-                assert part[index] == 0 and q_part[index] == 1
-                part, q_part = {k: v for k, v in part.items() if k != index}, {k: v for k, v in q_part.items()
-                                                                              if k != index}
-            assert part == q_part, name
-        assert spec[0] == q_spec[0]
-    assert sum(name in names for name, _ in full) == 4  # 2 forward, 2 backward main
+    assert Counter(name for name, _ in full) == {"cake_conv_fwd_kernel": 2, "cake_conv_bwd_kernel": 2,
+                                                 "cake_conv_bwd_group_kernel": 1, "cake_segment_ids_kernel": 1}
+    assert Counter(name for name, _ in quick) == {"cake_conv_fwd_quick_kernel": 2, "cake_conv_bwd_quick_kernel": 2,
+                                                  "cake_conv_bwd_group_kernel": 1, "cake_segment_ids_kernel": 1}
+    assert {launch.FWD_QUICK.name, launch.BWD_QUICK.name} <= {name for name, _ in quick}
+    key = lambda problem: compile_ahead.twins_key((90, problem, (MULTI_GROUP_S,)))  # noqa: E731
+    for tokens in ((MULTI_GROUP_S,), (ONE_GROUP_S,)):
+        for problems in ([WarmupProblem(C) for C in (256, 16, 136, 2048, 4352)],
+                         [WarmupProblem(C, bias=True, width=7, activation=None) for C in (64, 1160)],
+                         [WarmupProblem(512, mamba_ssm_row_stride=1024), WarmupProblem(2048, mamba_ssm_row_stride=4352)]):
+            sets = [_spec_texts(compile_ahead.training_step_items(p, SM90, tokens)[1]) for p in problems]
+            assert all(s == sets[0] for s in sets), (tokens, problems[0])
+            assert len({key(p) for p in problems}) == 1
+    assert key(WarmupProblem(512)) != key(WarmupProblem(512, width=3))
+    # mamba_ssm's layout: a key of its own, and its twins are among those of the contiguous rows
+    assert key(WarmupProblem(512)) != key(WarmupProblem(512, mamba_ssm_row_stride=1024))
+    for tokens in ((MULTI_GROUP_S,), (ONE_GROUP_S,), None):
+        contiguous, mamba = (_spec_texts(compile_ahead.training_step_items(p, SM90, tokens)[1])
+                             for p in (WarmupProblem(512), WarmupProblem(2048, mamba_ssm_row_stride=4352)))
+        assert mamba < contiguous, tokens
+    compile_ahead._twins_compiled.add(key(WarmupProblem(512)))
+    try:
+        assert compile_ahead._twins_ready(key(WarmupProblem(2048, mamba_ssm_row_stride=4352)))
+        assert not compile_ahead._twins_ready(key(WarmupProblem(512, bias=True)))
+    finally:
+        compile_ahead._twins_compiled.clear()
 
 
 def test_the_quick_environment_switch(monkeypatch):

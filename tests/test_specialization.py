@@ -70,11 +70,13 @@ def _frozen(spec):
 
 @pytest.fixture(scope="module")
 def recorded():
-    """Every launch of every case, recorded on CPU tensors (backend "triton", nothing runs)."""
+    """Every launch of every case, recorded on CPU tensors (backend "triton", nothing runs), with the
+    launches of the quick twins of the op's plans (compile_ahead.py: what a first training step runs
+    while the full kernels compile)."""
     real = checks.INTERPRET
     checks.INTERPRET = True  # lets backend="triton" take CPU tensors; launch.py keeps its GPU configs
     try:
-        with launch.record_launches() as launches:
+        with launch.record_launches(twins=True) as launches:
             for name in launch_cases.SINGLE_CASES:
                 launch_cases.run_single(name, "cpu", "triton")
             for name in launch_cases.KCP_CASES:
@@ -166,17 +168,13 @@ def test_kernel_sources_compile_with_every_integer_specialized(recorded, value):
     assert done == {k.name for k in launch.KERNELS}
 
 
-def test_quick_twins_compile_for_every_launch(recorded):
-    """The QUICK twin (compile_ahead.py: what a first training step runs while the full kernels
-    compile) of every forward and backward launch of the cases, every width, activation, layout and
-    halo: Triton's specialization for sm_90 and the front end compile it."""
-    done = set()
-    for r in recorded:
-        if r.kernel not in launch.QUICK_KERNELS:
-            continue
-        assert r.args[-1] == 0, f"{r.kernel.name}: QUICK is the last constexpr and 0 in every launch"
-        spec = triton_specialization(r.kernel.fn, (*r.args[:-1], 1), r.options)
-        if (r.kernel.name, _frozen(spec)) not in done:
-            compile_front_end(r.kernel.fn, *spec)
-            done.add((r.kernel.name, _frozen(spec)))
-    assert {name for name, _ in done} == {k.name for k in launch.QUICK_KERNELS} and len(done) >= 20, len(done)
+def test_quick_twins_are_recorded_beside_their_kernels(recorded):
+    """The op's forward and backward launches in the cases come with their quick twins' (every width,
+    activation, dtype and layout of the cases), so the tests above check the twins as well: a twin's
+    launch runs a twin kernel or a kernel that serves both (the group kernel, the index build), and a
+    twin kernel runs only as a twin."""
+    twins = [r for r in recorded if r.twin]
+    assert {r.kernel for r in twins} >= set(launch.QUICK_KERNELS)
+    assert all(r.kernel not in launch.WITH_TWINS for r in twins)
+    assert all(r.twin for r in recorded if r.kernel in launch.QUICK_KERNELS)
+    assert len({(r.kernel.name, r.key) for r in twins if r.kernel in launch.QUICK_KERNELS}) >= 20

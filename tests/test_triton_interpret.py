@@ -365,63 +365,79 @@ def test_short_documents_give_the_same_bits_in_middle_and_end_programs(use_ids, 
             assert torch.equal(rows[1], ref[1]), f"dx, lead-in {lead}"
 
 
-def _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, width, activation, quick, config=None):
-    """(y, dx, dw, db) from the prepared forward and backward launches (``quick``: their QUICK twins)."""
+def _twin_flags(launches) -> list:
+    """1 for each launch of a quick twin, 0 for each of a kernel that has one, in order."""
+    return [int(r.kernel in triton_launch.QUICK_KERNELS) for r in launches
+            if r.kernel in triton_launch.QUICK_KERNELS + triton_launch.WITH_TWINS]
+
+
+def _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, width, activation, quick, configs=(None, None), pad=0):
+    """(y, dx, dw, db) from the prepared forward and backward launches (``quick``: their quick twins;
+    ``configs``: the full kernels' (forward, backward) configurations; ``pad``: x, y, dy and dx are
+    column slices of rows C + pad wide)."""
     b_dt, cu_dt, n_cu = triton_launch.optional_meta(b, cu)
-    fwd = triton_launch.prepare_forward(S, C, C, C, x.dtype, w.dtype, b_dt, cu_dt, n_cu, seq_len, config=config,
+    rows = lambda t: torch.zeros(S, C + pad, dtype=t.dtype)[:, :C].copy_(t)  # noqa: E731
+    x, dy = rows(x), rows(dy)
+    st = C + pad
+    fwd = triton_launch.prepare_forward(S, C, st, st, x.dtype, w.dtype, b_dt, cu_dt, n_cu, seq_len, config=configs[0],
                                         width=width, activation=activation, quick=quick)
-    y = torch.empty_like(x)
-    fwd.run(x, w, b, cu, y)
-    bwd = triton_launch.prepare_backward(S, C, C, C, C, x.dtype, dy.dtype, w.dtype, b_dt, cu_dt, n_cu, seq_len,
-                                         torch.float32, width=width, activation=activation, quick=quick)
-    dx, dw = torch.empty_like(x), torch.full((C, width), float("nan"))
+    y = rows(x)
+    with triton_launch.record_launches(launch=True) as launches:
+        fwd.run(x, w, b, cu, y)
+    bwd = triton_launch.prepare_backward(S, C, st, st, st, x.dtype, dy.dtype, w.dtype, b_dt, cu_dt, n_cu, seq_len,
+                                         torch.float32, config=configs[1], width=width, activation=activation,
+                                         quick=quick)
+    dx, dw = rows(x), torch.full((C, width), float("nan"))
     db = torch.full((C,), float("nan")) if b is not None else None
     ws = torch.full((triton_launch.backward_workspace_floats(S, C, width),), float("nan"))
-    with triton_launch.record_launches(launch=True) as launches:
+    with triton_launch.record_launches(launch=True) as bwd_launches:
         bwd.run(dy, x, w, b, cu, dx, ws, dw, db)
-    quick_flags = {r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS}
-    assert quick_flags == {int(quick)}, quick_flags
-    return y, dx, dw, db
+    assert set(_twin_flags(launches + bwd_launches)) == {int(quick)}
+    return y.contiguous(), dx.contiguous(), dw, db
 
 
-# (S, C, W, activation, bias, documents, per-token indices): packed short and long documents (the paths
-# of few and of many segments, with and without per-token indices) and [B, T, C] rows of T = 50 (no
-# cu_seqlens). The main kernel of several groups runs the one-group kernel's body (it calls it).
-QUICK_CASES = [(200, 16, 4, "silu", True, "mixed", True), (200, 16, 4, "silu", True, "mixed", False),
-               (150, 8, 8, None, False, "mixed", True), (200, 8, 3, "silu", False, "rows of 50", False)]
+# (S, C, W, activation, bias, documents, per-token indices, padding of the twins' rows): packed short and
+# long documents (the paths of few and of many segments, with and without per-token indices) and
+# [B, T, C] rows of T = 50 (no cu_seqlens). The main kernel of several groups runs the one-group
+# kernel's body (it calls it). The full kernels run another configuration than the twins' (fewer rows
+# and channels per program), and the twins read rows further apart than C in two cases (their strides
+# are arguments).
+QUICK_CASES = [(200, 16, 4, "silu", True, "mixed", True, 0), (200, 16, 4, "silu", True, "mixed", False, 24),
+               (150, 8, 8, None, False, "mixed", True, 8), (200, 8, 3, "silu", False, "rows of 50", False, 0)]
+_OTHER_CONFIGS = (FwdConfig(R=1, SUB=8, BC=8, num_warps=1), BwdConfig(R=1, BC=8, num_warps=1))
 
 
-@pytest.mark.parametrize("S,C,W,activation,bias,docs,use_ids", QUICK_CASES)
-def test_triton_quick_twins_give_the_full_kernels_bits(S, C, W, activation, bias, docs, use_ids, monkeypatch):
+@pytest.mark.parametrize("S,C,W,activation,bias,docs,use_ids,pad", QUICK_CASES)
+def test_triton_quick_twins_give_the_full_kernels_bits(S, C, W, activation, bias, docs, use_ids, pad, monkeypatch):
     """The quick twins a first training step runs while the full kernels compile (compile_ahead.py:
-    QUICK, one path for every program: the masked walk of many segments with row bounds, one
-    stage) compute the full kernels' bits, y, dx, dweight and dbias, whichever paths the full
-    kernels' programs take."""
+    one path for every program, the masked walk of many segments with row bounds, one stage; the row
+    strides as arguments, one configuration for every C) compute the full kernels' bits, y, dx,
+    dweight and dbias, whichever paths the full kernels' programs take, at another configuration and
+    row stride than the full kernels'."""
     monkeypatch.setattr(triton_launch, "use_ids", use_ids)
     x, w, b, dy = make_inputs(S, C, seed=S + W, width=W, bias=bias)
     if docs == "mixed":
         cu, seq_len = random_cu_seqlens(S, torch.Generator().manual_seed(S + W)), None
     else:
         cu, seq_len = None, 50
-    full = _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, W, activation, quick=False)
-    quick = _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, W, activation, quick=True)
+    full = _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, W, activation, quick=False, configs=_OTHER_CONFIGS)
+    quick = _fwd_bwd_launched(S, C, x, w, b, cu, seq_len, dy, W, activation, quick=True, pad=pad)
     for name, f, q in zip(("y", "dx", "dw", "db"), full, quick):
         assert (f is None and q is None) or torch.equal(f, q), name
 
 
 def _training_step_quick_flags(x, w, b, dy, cu):
-    """One autograd fwd+bwd on the Triton backend: (the QUICK constexpr of its forward and backward
-    launches, in order, and its (y, dx, dw, db))."""
+    """One autograd fwd+bwd on the Triton backend: (``_twin_flags`` of its forward and backward
+    launches, and its (y, dx, dw, db))."""
     xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
     with triton_launch.record_launches(launch=True) as launches:
         y = cake_causal_conv1d_det(xr, wr, br, cu_seqlens=cu, backend="triton")
         y.backward(dy)
-    flags = [r.args[-1] for r in launches if r.kernel in triton_launch.QUICK_KERNELS]
-    return flags, (y.detach(), xr.grad, wr.grad, br.grad)
+    return _twin_flags(launches), (y.detach(), xr.grad, wr.grad, br.grad)
 
 
 def test_triton_plan_runs_the_quick_twins_until_the_full_kernels_are_ready():
-    """A plan told to run early (compile_ahead.py, while the full variants compile) launches the QUICK
+    """A plan told to run early (compile_ahead.py, while the full variants compile) launches the quick
     twins of its forward and of its backward (prepared before and after it was told), then, once the
     event is set, its own kernels; the bits of every step are the same."""
     import threading
@@ -454,7 +470,7 @@ def test_triton_plan_runs_the_quick_twins_until_the_full_kernels_are_ready():
 def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monkeypatch, tmp_path):
     """The whole quick tier on the interpreted kernels (compile_ahead.py, with the problem, the compile
     and the background warm-up stood in: the CPU has no CUDA device and the interpreter compiles
-    nothing): the first training steps of a problem launch the QUICK twins while the full variants'
+    nothing): the first training steps of a problem launch the quick twins while the full variants'
     warm-up runs; once it ends, the same plan and a new one launch the full kernels; every step's
     bits are the same."""
     import threading
@@ -472,6 +488,7 @@ def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monk
         return FakeWarmup(release=release)  # the background process, until released
 
     monkeypatch.setattr(compile_ahead, "_states", {})
+    monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(16, bias=True))
     monkeypatch.setattr(compile_ahead, "training_step_items", lambda problem, target, tokens=None: ([], []))
     monkeypatch.setattr(compile_ahead, "marker_path", lambda *args: str(tmp_path / "no_marker"))

@@ -6,7 +6,8 @@ specialization for sm_90 down to PTX with Triton's own binder and pipeline, and 
 for a launch compute the same bits at the same speed there: this is how a change to the kernels'
 source is shown to leave the width-4 SiLU kernels as they were.
 
-``--stage ttir`` hashes the TTIR instead (after Triton's TTIR passes, source locations left out):
+``--stage ttir`` hashes the TTIR instead (after Triton's TTIR passes, source locations left out,
+the constants' definitions in sorted order):
 seconds per launch where PTX takes minutes at W = 7 and 8 (the layout pass). Equal TTIR and options
 give equal PTX (the later stages depend on nothing else), so it shows the same; a different TTIR
 may still compile to the same PTX (then compare the PTX of those launches, ``--keys-of``).
@@ -74,6 +75,27 @@ def named_key(fn, spec) -> str:
     return " ".join(parts)
 
 
+_CONSTANT = re.compile(r"\s*(%[\w.]+) = arith\.constant (.*)$")
+
+
+def constants_by_value(ttir: str) -> str:
+    """The TTIR with every constant named by its value and the constants' definitions sorted. MLIR
+    hoists the constants to the top of the kernel and numbers them (``%cst_3``) in the order it
+    meets them, which moves when code moves into a helper function (inlined): not a change of the
+    program."""
+    lines = ttir.splitlines()
+    names = {}
+    for line in lines:
+        m = _CONSTANT.match(line)
+        if m:
+            names[m[1]] = "%<" + m[2] + ">"
+    lines = [re.sub(r"%[\w.]+", lambda t: names.get(t[0], t[0]), line) for line in lines]
+    at = [i for i, line in enumerate(lines) if " = arith.constant " in line]
+    for i, line in zip(at, sorted(lines[i] for i in at)):
+        lines[i] = line
+    return "\n".join(lines)
+
+
 def _ptx_hash(item, stage="ptx"):
     key, (name, args, options) = item
     sys.path.insert(0, os.getcwd())
@@ -92,7 +114,7 @@ def _ptx_hash(item, stage="ptx"):
         text = str(compile_front_end(kernel.fn, opts, signature, constexprs, attrs))
         text = re.sub(r" loc\((#loc\d*|\"[^\"]*\"[^)]*)\)", "", text)
         text = "\n".join(line for line in text.splitlines() if not line.startswith("#loc"))
-        return "|".join(key), hashlib.sha256(text.encode()).hexdigest()
+        return "|".join(key), hashlib.sha256(constants_by_value(text).encode()).hexdigest()
     src = ASTSource(fn=kernel.fn, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts.__dict__)
     return "|".join(key), hashlib.sha256(normalized_ptx(compiled.asm["ptx"]).encode()).hexdigest()

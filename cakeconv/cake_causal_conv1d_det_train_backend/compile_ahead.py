@@ -13,10 +13,14 @@ The first time the autograd op (or the backward entry point) meets a problem on 
 module records the launches of that problem's training step (``cakeconv.warmup``'s set for the
 problem: the same launches, the same Triton cache keys) and compiles them in two tiers:
 
-1. their quick twins, in parallel threads, and waits for them: the forward and backward kernels
-   with their ``QUICK`` constexpr set take one code path for every program (the same bits: each
+1. their quick twins, in parallel threads, and waits for them: kernels of their own
+   (``cake_conv_*_quick_kernel``) that take one code path for every program (the same bits: each
    path computes every element alike), which compiles several times faster than the full kernels'
-   four paths (Triton's layout pass grows faster than a kernel's size) and runs slower;
+   four paths (Triton's layout pass grows faster than a kernel's size) and runs slower. Their row
+   strides are arguments and their launch configuration is one for every C, so the twins of one
+   problem serve every channel count and row stride of its dtypes, bias, width and activation
+   (``twins_key``): a later problem that differs in those only records nothing and waits for
+   nothing, its first call runs the twins at once while its full variants compile (tier 2);
 2. the full variants, in the background: a ``python -m cakeconv warmup`` process for the problem (and
    regime), on the same Triton cache, while the first steps run the twins. Once it has compiled them
    all (and written the marker), the launches switch to them (a launch that loads one from the cache
@@ -76,6 +80,7 @@ ENV_THREADS = "CAKECONV_COMPILE_THREADS"
 ENV_QUICK = "CAKECONV_QUICK_KERNELS"
 
 _states: dict = {}  # (capability, problem, regime tokens) -> its _Compile
+_twins_compiled: set = set()  # the twins_key of every problem whose quick twins this process compiled
 _children: list = []  # the background warm-up processes still running (stopped when this process exits)
 _lock = threading.Lock()
 _local = threading.local()
@@ -168,15 +173,32 @@ class _OneAtATime(ASTSource):
 
 def training_step_items(problem, target, tokens=None) -> tuple[list, list]:
     """(full, quick): the (kernel name, specialization) items of ``problem``'s training step for
-    ``target`` (``tokens``: of packed calls at those token counts only), and of its quick twins.
-    Records the step's launches: call it in the thread that runs the op (the recording is the
-    process's, not the thread's)."""
+    ``target`` (``tokens``: of packed calls at those token counts only), and of its quick twins (with
+    the kernels that serve both: the group kernel, the segment-index build). Records the step's
+    launches: call it in the thread that runs the op (the recording is the process's, not the
+    thread's)."""
     from ..warmup import _record, launch_specializations
 
-    launches = _record(problem, tokens)
-    full = list(launch_specializations(launches, target).values())
-    quick = list(launch_specializations(launches, target, quick=True).values())
+    launches = _record(problem, tokens, twins=True)
+    full = list(launch_specializations([r for r in launches if not r.twin], target).values())
+    quick = list(launch_specializations([r for r in launches if r.twin], target).values())
     return full, quick
+
+
+def twins_key(key) -> tuple:
+    """What a problem's quick twins depend on, of its compile-ahead key (capability, problem, regime
+    tokens): everything but C and the row stride (the twins take them as arguments and launch with
+    one configuration for every C)."""
+    capability, problem, tokens = key
+    return (capability, tokens, problem.dtype, problem.weight_dtype, problem.bias, problem.width, problem.activation,
+            problem.cu_dtype, problem.mamba_ssm_row_stride is None)
+
+
+def _twins_ready(shared) -> bool:
+    """Whether this process compiled the quick twins of a problem of ``twins_key`` ``shared``: those of
+    that key, or, for mamba_ssm's layout (x rows wider apart than C), those of the contiguous layout,
+    which hold all of its twins (the same kernels: the strides are arguments)."""
+    return shared in _twins_compiled or (not shared[-1] and (*shared[:-1], True) in _twins_compiled)
 
 
 def compile_items(items, target, n_threads: int) -> None:
@@ -211,11 +233,13 @@ def marker_path(problem, target, tokens=None) -> str:
     return os.path.join(knobs.cache.dir, "cakeconv_compile_ahead", hashlib.sha256(text.encode()).hexdigest())
 
 
-def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = True) -> None:
+def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = True, shared=None) -> None:
     """The problem's compile ahead (``tokens``: of that regime), unless a marker says an earlier process
     (or the warm-up) did it: the quick twins (waited for) and the full variants in the background, or
-    (no quick tier) the full variants, waited for. Sets ``state.first``, and ``state.ready`` unless a
-    background compile will."""
+    (no quick tier) the full variants, waited for. ``shared``: the problem's ``twins_key``; when this
+    process compiled those twins for another C or row stride already, they serve this problem too, and
+    only the background compile starts (nothing recorded, nothing waited for). Sets
+    ``state.ready`` unless a background compile will."""
     if os.path.exists(marker_path(problem, target)) or (
             tokens is not None and os.path.exists(marker_path(problem, target, tokens))):
         state.ready.set()  # the launches load the kernels from the cache
@@ -226,6 +250,11 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
     groups = None if tokens is None else "one group" if tokens[0] <= ONE_GROUP_S else "several groups"
     regime = "" if groups is None else f" ({groups} of the dweight tree)"
     start = time.perf_counter()
+    if quick and shared is not None and _twins_ready(shared):
+        _log.log(level, "cakeconv: %s%s runs the quick kernels compiled for an earlier channel count or stride; its "
+                 "full variants compile in a background process", problem, regime)
+        _compile_in_background(state, problem, target, n, tokens, level, start)
+        return
     _local.busy = True
     try:
         with torch.enable_grad():  # the representative calls are training steps (also from inside a forward)
@@ -247,12 +276,20 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
     except BaseException:
         state.ready.set()  # no twins to run: the launches compile the full variants themselves
         raise
+    if shared is not None:
+        _twins_compiled.add(shared)
     _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s; the full ones compile in the background",
              problem, time.perf_counter() - start)
+    _compile_in_background(state, problem, target, n, tokens, level, start)
+
+
+def _compile_in_background(state: _Compile, problem, target, n: int, tokens, level: int, start: float) -> None:
+    """Start the background warm-up of ``problem``'s full variants and the thread that sets ``state.ready``
+    when it ends."""
     proc = spawn_warmup(problem, target, n, tokens)
     _children.append(proc)
-    threading.Thread(target=_await_full, args=(state, proc, problem, len(full), level, start),
-                     name="cakeconv-compile", daemon=True).start()
+    threading.Thread(target=_await_full, args=(state, proc, problem, level, start), name="cakeconv-compile",
+                     daemon=True).start()
 
 
 def spawn_warmup(problem, target, n: int, tokens=None):
@@ -271,12 +308,12 @@ def spawn_warmup(problem, target, n: int, tokens=None):
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _await_full(state: _Compile, proc, problem, count: int, level: int, start: float) -> None:
+def _await_full(state: _Compile, proc, problem, level: int, start: float) -> None:
     """Wait for the background warm-up ``proc``, say how it ended, and set ``state.ready`` (whatever happens)."""
     try:
         _, err = proc.communicate()
         if proc.returncode == 0:
-            _log.log(level, "cakeconv: %d kernel variants of %s ready in %.1f s", count, problem,
+            _log.log(level, "cakeconv: the full kernel variants of %s ready in %.1f s", problem,
                      time.perf_counter() - start)
         elif not _exiting:
             tail = (err or "").strip()[-400:]
@@ -395,7 +432,7 @@ def before_training_step(plan) -> None:
                 state = _states[key] = _Compile()
         if mine:
             try:
-                _start(state, problem, cuda_target(key[0]), n, tokens, quick)
+                _start(state, problem, cuda_target(key[0]), n, tokens, quick, twins_key(key))
             except BaseException:
                 state.ready.set()
                 raise

@@ -41,6 +41,7 @@ outputs and launch the prepared kernels with the tensors' addresses.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Optional
 
 import torch
@@ -54,10 +55,13 @@ from .kernels.launch import (
     optional_meta,
     prepare_backward,
     prepare_forward,
+    recording_twins,
     triton_backward,
     triton_forward,
 )
 from .reference import reference_backward, reference_forward
+
+_NEVER = threading.Event()  # never set: the plans of a recording with twins keep them
 
 __all__ = [
     "CakeCausalConv1dDetFunction",
@@ -162,6 +166,8 @@ class Plan:
         # (x row stride, w dtype, b dtype, cu dtype, cu entries): what the backward's set-up needs too
         self._layout = (x_stride, weight.dtype, *optional_meta(bias, cu))
         self.fwd = self._prepare_forward()
+        if recording_twins():  # (the compile ahead's recording of a step: its twins' launches too)
+            self.run_early_until(_NEVER)
 
     def run_early_until(self, ready) -> None:
         """Run the quick twins of this plan's launches (the forward's, the backward's prepared so far

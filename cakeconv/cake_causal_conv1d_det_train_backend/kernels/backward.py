@@ -37,8 +37,6 @@ from .common import (
     conv_pre,
     halo_window,
     ids_windows,
-    load_taps,
-    count_bounds_le,
     window_has_boundary,
     halo_tap,
     load_rows,
@@ -57,6 +55,9 @@ from .common import (
     store_at,
     load_at,
     row_ptrs,
+    program_rows,
+    program_segments,
+    rows_ahead,
 )
 
 # Rows per leaf of the dweight tree (fixed: part of the summation order). 64, not 32: a leaf's
@@ -236,7 +237,7 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
         es = res + es[H:]
     for k in tl.static_range(STEP):
         gwin = gs[k:k + W]
-        dxk = row_offset(dxp, k * sdx)
+        dxk = rows_ahead(dxp, k, sdx)
         if IDS:  # dx_rows compares the indices of rows t+k .. t+k+H itself
             iwin = ids[k:k + W]
             dx_rows(dxk, row_offset(t, k), gwin, ids[k], iwin, ws, fut_ptr, cols, cmask, sdx, S, C, n_seg,
@@ -389,8 +390,7 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
                          SX8: tl.constexpr, SDY8: tl.constexpr, SDX8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr,
                          R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
-                         STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr,
-                         QUICK: tl.constexpr = 0):
+                         STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr):
     """dx rows and the dweight/dbias partial of R adjacent leaves (rows [p0, p0 + R * SUB)).
 
     Grid: (cdiv(S, R * SUB) * cdiv(C, BC),), channel blocks fastest. SX8, SDY8, SDX8: row
@@ -400,47 +400,20 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     FP32 (HAS_FUT) hold the x rows before and the g rows after each segment (KCP). Without HAS_FUT
     the last rows of a segment get dx without the look-ahead terms: KCP then rewrites them with
     cake_conv_bwd_dx_rows_kernel once fut has arrived (the exchange overlaps this kernel).
-
-    QUICK (the variant a first training step runs while this one compiles, compile_ahead.py): every
-    program takes the one path that is right for any program, the masked walk of many segments with
-    row bounds, one stage, no step branch. It computes the same bits (every path does, for the
-    programs it is taken for) and compiles several times faster (one row walk in the IR instead of
-    four: Triton's layout pass grows faster than the IR's size); it runs slower.
     """
     H: tl.constexpr = W - 1
     if not INTERPRET:
         # the group kernel that follows may launch once every program has started (it waits for
         # this kernel's results before reading any: programmatic dependent launch)
         gdc_launch_dependents()
-    C = C8 * 8
-    # 1-D grid, channel blocks fastest: the programs of one row block run side by side and
-    # read whole rows together.
-    n_cblk = tl.cdiv(C, BC)
-    pid_s = tl.program_id(0) // n_cblk
-    pid_c = tl.program_id(0) % n_cblk
+    C, pid_s, cols, cmask, b, ws, p0, p_last, rows0 = program_rows(w_ptr, b_ptr, C8, HAS_BIAS, R, SUB, BC, W)
     sx: tl.constexpr = SX8 * 8
     sdy: tl.constexpr = SDY8 * 8
     sdx: tl.constexpr = SDX8 * 8
-    cols = pid_c * BC + tl.arange(0, BC)
-    cmask = cols < C
-    b, ws = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC, W)
-    p0 = pid_s * (R * SUB)
-    p_last = p0 + R * SUB - 1
-    rows0 = p0 + tl.arange(0, R) * SUB
     # Taps reach H rows back, the g look-ahead H rows forward.
     n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last + H, seq_len, HAS_CU)
-    if QUICK:
-        d_lo = tl.maximum(n_lo - 1, 0)
-        d_hi = count_bounds_le(cu_ptr, n_seg, p_last + H, seq_len, HAS_CU) - 1
-        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
-        acc, accb = _bwd_run(
-            x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
-            n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, False,
-            ACT, True, DB=HAS_BIAS)
-    elif masked:
-        d_lo = tl.maximum(n_lo - 1, 0)
-        d_hi = count_bounds_le(cu_ptr, n_seg, p_last + H, seq_len, HAS_CU) - 1
-        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
+    if masked:
+        d_lo, d_hi, seg = program_segments(cu_ptr, n_seg, n_lo, p_last + H, seq_len, HAS_CU)
         if d_hi - d_lo < FEW_SEGMENTS:
             acc, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
@@ -466,6 +439,45 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
             ACT, DB=HAS_BIAS)
     # (the taps' accumulators are named so that they sort before accb: an if's results are ordered by
     # name, and this order is the width-4 code's, acc0..acc3 then accb)
+    store_node(ws_ptr, pid_s, acc, accb, cols, cmask, C, R, BC, LOGR, W)
+
+
+@triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len", "sx8", "sdy8", "sdx8"])
+def cake_conv_bwd_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
+                               S, C8, n_seg, seq_len, sx8, sdy8, sdx8,
+                               HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
+                               HAS_FUT: tl.constexpr, R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr,
+                               BC: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr):
+    """The backward's quick twin: ``cake_conv_bwd_kernel``'s dx and partials, bit for bit, from a kernel
+    that compiles several times faster and serves every C and row stride (what a first training
+    step runs while the full kernels compile, compile_ahead.py).
+
+    Every program takes the one walk that is right for any program, the masked walk of many segments
+    with row bounds, in one stage and without the step branch (every walk computes the same bits
+    for the programs it is taken for). One row walk in the IR instead of four: Triton's layout pass
+    grows faster than the IR's size. The row strides are integer arguments (sx8, sdy8, sdx8: strides
+    / 8) and the launch configuration is one for every C (launch.py), so the compiled kernel depends
+    on the dtypes, the flags, W and the activation only. The partials' tree level LOGR is part of the
+    summation order's bottom levels, which R never changes (module docstring). It runs slower.
+    """
+    H: tl.constexpr = W - 1
+    if not INTERPRET:
+        gdc_launch_dependents()
+    C, pid_s, cols, cmask, b, ws, p0, p_last, rows0 = program_rows(w_ptr, b_ptr, C8, HAS_BIAS, R, SUB, BC, W)
+    n_lo, _ = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last + H, seq_len, HAS_CU)
+    _, _, seg = program_segments(cu_ptr, n_seg, n_lo, p_last + H, seq_len, HAS_CU)
+    acc, accb = _bwd_run(
+        x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx8 * 8, sdy8 * 8, sdx8 * 8, S, C,
+        n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, False, ACT, True,
+        DB=HAS_BIAS)
+    store_node(ws_ptr, pid_s, acc, accb, cols, cmask, C, R, BC, LOGR, W)
+
+
+@triton.jit
+def store_node(ws_ptr, pid_s, acc, accb, cols, cmask, C, R: tl.constexpr, BC: tl.constexpr, LOGR: tl.constexpr,
+               W: tl.constexpr):
+    """Write the program's node of the pairwise leaf tree: ws[pid_s, k, c] = the level-LOGR sum of its R
+    leaves' accumulators (k < W: the taps', k = W: the bias's)."""
     base = ws_ptr + pid_s.to(tl.int64) * (W + 1) * C + cols
     for k in tl.static_range(W):
         tl.store(base + k * C, pairwise_sum_rows(acc[k], R, BC, LOGR), mask=cmask)
@@ -499,8 +511,7 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
                                    HAS_FUT: tl.constexpr, R: tl.constexpr, LOGR: tl.constexpr, SUB: tl.constexpr,
                                    BC: tl.constexpr, STAGES: tl.constexpr, STEP_BRANCH: tl.constexpr,
                                    W: tl.constexpr, ACT: tl.constexpr,
-                                   M: tl.constexpr, LOGM: tl.constexpr, EPI_BC: tl.constexpr,
-                                   QUICK: tl.constexpr = 0):
+                                   M: tl.constexpr, LOGM: tl.constexpr, EPI_BC: tl.constexpr):
     """``cake_conv_bwd_kernel`` (called here, inlined) for one group of the dweight tree (S <= TREE_LEAVES * BWD_SUB rows),
     which then also writes dweight and dbias: one launch for the whole backward.
 
@@ -521,12 +532,37 @@ def cake_conv_bwd_one_group_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, 
     workspace, zeroed by a memset).
 
     Ordering: ``is_last_ticket`` (the last program's ``.cg`` loads see every node). EPI_BC:
-    channels added per step of the last program (bounds its [M, EPI_BC] registers). QUICK: as for
-    ``cake_conv_bwd_kernel``.
+    channels added per step of the last program (bounds its [M, EPI_BC] registers).
     """
     cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr, S, C8, n_seg, seq_len,
                          SX8, SDY8, SDX8, HAS_BIAS, HAS_CU, HAS_HIST, HAS_FUT, R, LOGR, SUB, BC, STAGES, STEP_BRANCH,
-                         W, ACT, QUICK)
+                         W, ACT)
+    add_one_group(ws_ptr, dw_ptr, db_ptr, ticket_ptr, S, C8, HAS_BIAS, R, SUB, BC, W, M, LOGM, EPI_BC)
+
+
+@triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len", "sx8", "sdy8", "sdx8"])
+def cake_conv_bwd_one_group_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr,
+                                         dw_ptr, db_ptr, ticket_ptr,
+                                         S, C8, n_seg, seq_len, sx8, sdy8, sdx8,
+                                         HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
+                                         HAS_FUT: tl.constexpr, R: tl.constexpr, LOGR: tl.constexpr,
+                                         SUB: tl.constexpr, BC: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr,
+                                         M: tl.constexpr, LOGM: tl.constexpr, EPI_BC: tl.constexpr):
+    """The one-group kernel's quick twin: ``cake_conv_bwd_quick_kernel`` (called here, inlined), then
+    the same sum of the group by the last program of each channel block (``add_one_group``): dx,
+    dw and db bit for bit as ``cake_conv_bwd_one_group_kernel`` writes them."""
+    cake_conv_bwd_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr, S, C8, n_seg,
+                               seq_len, sx8, sdy8, sdx8, HAS_BIAS, HAS_CU, HAS_HIST, HAS_FUT, R, LOGR, SUB, BC, W, ACT)
+    add_one_group(ws_ptr, dw_ptr, db_ptr, ticket_ptr, S, C8, HAS_BIAS, R, SUB, BC, W, M, LOGM, EPI_BC)
+
+
+@triton.jit
+def add_one_group(ws_ptr, dw_ptr, db_ptr, ticket_ptr, S, C8, HAS_BIAS: tl.constexpr, R: tl.constexpr,
+                  SUB: tl.constexpr, BC: tl.constexpr, W: tl.constexpr, M: tl.constexpr, LOGM: tl.constexpr,
+                  EPI_BC: tl.constexpr):
+    """The one-group kernels' end (after the program wrote its node): the program that draws the last
+    ticket of its channel block adds the block's M nodes and writes dw and db
+    (``cake_conv_bwd_one_group_kernel``'s docstring)."""
     C = C8 * 8
     n_cblk = tl.cdiv(C, BC)
     pid_c = tl.program_id(0) % n_cblk

@@ -417,6 +417,48 @@ def repeated(v, N: tl.constexpr):
 
 
 @triton.jit
+def rows_ahead(p, K: tl.constexpr, stride):
+    """Pointers p moved K >= 0 rows of ``stride`` elements: p itself when K = 0. ``stride`` is a
+    compile-time constant (the full kernels: an immediate offset, as ``row_offset``) or an integer
+    argument (the quick kernels)."""
+    if K == 0:
+        return p
+    else:
+        return p + K * stride
+
+
+@triton.jit
+def program_rows(w_ptr, b_ptr, C8, HAS_BIAS: tl.constexpr, R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
+                 W: tl.constexpr):
+    """What a program of the forward and backward kernels owns: (C, pid_s, cols, cmask, b, ws, p0,
+    p_last, rows0). A 1-D grid, channel blocks fastest (the programs of one row block run side by
+    side and read whole rows together); program (pid_s, pid_c) has the BC channels ``cols``
+    (``cmask``: those < C, C = 8 C8), their taps (``load_taps``) and the R sub-runs of SUB rows from
+    rows0 ([R]): rows p0 .. p_last."""
+    C = C8 * 8
+    n_cblk = tl.cdiv(C, BC)
+    pid_s = tl.program_id(0) // n_cblk
+    pid_c = tl.program_id(0) % n_cblk
+    cols = pid_c * BC + tl.arange(0, BC)
+    cmask = cols < C
+    b, ws = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC, W)
+    p0 = pid_s * (R * SUB)
+    p_last = p0 + R * SUB - 1
+    rows0 = p0 + tl.arange(0, R) * SUB
+    return C, pid_s, cols, cmask, b, ws, p0, p_last, rows0
+
+
+@triton.jit
+def program_segments(cu_ptr, n_seg, n_lo, hi, seq_len, HAS_CU: tl.constexpr):
+    """(d_lo, d_hi, seg) of a masked program whose rows (and the rows they read) end at ``hi``:
+    the segments it touches, d_lo .. d_hi (n_lo: boundaries at or before its first row read,
+    ``window_has_boundary``), and their ``segment_window``."""
+    d_lo = tl.maximum(n_lo - 1, 0)
+    d_hi = count_bounds_le(cu_ptr, n_seg, hi, seq_len, HAS_CU) - 1
+    return d_lo, d_hi, segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
+
+
+@triton.jit
 def row_offset(t, K: tl.constexpr):
     """t + K for a compile-time K (rows t, or pointers moved by K elements): t itself when K = 0,
     t - |K| when K < 0 (what the width-4 code wrote, so that its PTX stays the same)."""

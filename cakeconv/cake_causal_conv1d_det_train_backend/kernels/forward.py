@@ -18,8 +18,6 @@ import triton.language as tl
 
 from .common import (
     conv_pre,
-    load_taps,
-    count_bounds_le,
     window_has_boundary,
     halo_window,
     load_rows,
@@ -32,6 +30,9 @@ from .common import (
     load_ids4,
     segment_window,
     act_out,
+    program_rows,
+    program_segments,
+    rows_ahead,
     ids_windows,
     repeated,
     row_offset,
@@ -74,7 +75,7 @@ def _fwd_step(yp, t, rows, b, ws, cu_ptr, hist_ptr, cols, cmask, sy, S, C, n_seg
         segs = repeated(seg, STEP)
     for k in tl.static_range(STEP):
         win = rows[k:k + W]
-        yk = row_offset(yp, k * sy)
+        yk = rows_ahead(yp, k, sy)
         _fwd_row(yk, row_offset(t, k), win, b, ws, cu_ptr, hist_ptr, cols, cmask, S, C, n_seg, seq_len, segs[k],
                  HAS_CU, HAS_HIST, MASKED, FEW, ACT, BOUNDS)
 
@@ -115,7 +116,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         xp = x_base + i * sx
         new_x = ()
         for k in tl.static_range(STEP):
-            new_x = new_x + (load_at(row_offset(xp, k * sx), row_offset(t, k), cmask, S, MASKED and BOUNDS),)
+            new_x = new_x + (load_at(rows_ahead(xp, k, sx), row_offset(t, k), cmask, S, MASKED and BOUNDS),)
         new_ids = ()
         for k in tl.static_range(0, STEP, 4):
             new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, hist_ids[0], k, IDS, BOUNDS)
@@ -133,7 +134,7 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
                          SX8: tl.constexpr, SY8: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
                          R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-                         W: tl.constexpr, ACT: tl.constexpr, QUICK: tl.constexpr = 0):
+                         W: tl.constexpr, ACT: tl.constexpr):
     """y[t, c] = act(b[c] + sum_{k<W} w[c, k] * x[t - (W - 1) + k, c]), rows of other segments read
     as 0; act = silu (ACT = 1) or the identity (ACT = 0).
 
@@ -142,39 +143,16 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     compile-time constants, so the rows of a loop step are one base address plus immediate
     offsets. ``hist`` [N, H, C] (HAS_HIST, KCP; H = W - 1) holds the x rows before each segment's
     first row, zero where its document has none.
-
-    QUICK (the variant a first training step runs while this one compiles, compile_ahead.py): every
-    program takes the masked path of many segments with row bounds, one stage: the same bits (each
-    path computes every element alike), a faster compile, a slower run.
     """
     H: tl.constexpr = W - 1
-    C = C8 * 8
-    # 1-D grid, channel blocks fastest: the programs of one row block run side by side and
-    # read whole rows together.
-    n_cblk = tl.cdiv(C, BC)
-    pid_s = tl.program_id(0) // n_cblk
-    pid_c = tl.program_id(0) % n_cblk
+    C, pid_s, cols, cmask, b, ws, p0, p_last, rows0 = program_rows(w_ptr, b_ptr, C8, HAS_BIAS, R, SUB, BC, W)
     sx: tl.constexpr = SX8 * 8
     sy: tl.constexpr = SY8 * 8
-    cols = pid_c * BC + tl.arange(0, BC)
-    cmask = cols < C
-    b, ws = load_taps(w_ptr, b_ptr, cols, cmask, HAS_BIAS, BC, W)
-    p0 = pid_s * (R * SUB)
-    p_last = p0 + R * SUB - 1
-    rows0 = p0 + tl.arange(0, R) * SUB
     # Rows read: p0 - H .. p_last. The cu[0] = 0 and cu[N] = S boundaries make
     # the first and the last programs take the masked path.
     n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last, seq_len, HAS_CU)
-    if QUICK:
-        d_lo = tl.maximum(n_lo - 1, 0)
-        d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
-        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
-        _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
-                 seg, b, ws, HAS_CU, HAS_HIST, True, False, SUB, 1, ACT, True)
-    elif masked:
-        d_lo = tl.maximum(n_lo - 1, 0)
-        d_hi = count_bounds_le(cu_ptr, n_seg, p_last, seq_len, HAS_CU) - 1
-        seg = segment_window(cu_ptr, n_seg, d_lo, d_hi, seq_len, HAS_CU)
+    if masked:
+        d_lo, d_hi, seg = program_segments(cu_ptr, n_seg, n_lo, p_last, seq_len, HAS_CU)
         if d_hi - d_lo < FEW_SEGMENTS:
             _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
                      seg, b, ws, HAS_CU, HAS_HIST, True, True, SUB, STAGES, ACT)
@@ -189,6 +167,31 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
         no_seg = (n_lo, n_lo, 0, 0, 0, 0, 0, 0)  # unused: no row needs its segment
         _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
                  no_seg, b, ws, HAS_CU, HAS_HIST, False, False, SUB, STAGES, ACT)
+
+
+@triton.jit(do_not_specialize=["S", "C8", "n_seg", "seq_len", "sx8", "sy8"])
+def cake_conv_fwd_quick_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
+                               S, C8, n_seg, seq_len, sx8, sy8,
+                               HAS_BIAS: tl.constexpr, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr,
+                               R: tl.constexpr, SUB: tl.constexpr, BC: tl.constexpr,
+                               W: tl.constexpr, ACT: tl.constexpr):
+    """The forward's quick twin: ``cake_conv_fwd_kernel``'s y, bit for bit, from a kernel that compiles
+    several times faster and serves every C and row stride (what a first training step runs while
+    the full kernels compile, compile_ahead.py).
+
+    Every program takes the one walk that is right for any program, the masked walk of many
+    segments with row bounds, in one stage (each walk computes every element with the same FMAs: the
+    full kernel's four walks differ in what they may skip, not in the arithmetic). The row strides
+    are integer arguments (sx8, sy8: strides / 8) and the launch configuration is one for every C
+    (launch.py), so the compiled kernel depends on the dtypes, the flags, W and the activation only.
+    It runs slower than the full kernel.
+    """
+    H: tl.constexpr = W - 1
+    C, pid_s, cols, cmask, b, ws, p0, p_last, rows0 = program_rows(w_ptr, b_ptr, C8, HAS_BIAS, R, SUB, BC, W)
+    n_lo, _ = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last, seq_len, HAS_CU)
+    _, _, seg = program_segments(cu_ptr, n_seg, n_lo, p_last, seq_len, HAS_CU)
+    _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx8 * 8, sy8 * 8, S, C, n_seg, seq_len,
+             seg, b, ws, HAS_CU, HAS_HIST, True, False, SUB, 1, ACT, True)
 
 
 @triton.jit(do_not_specialize=["n_rows", "S", "C8", "n_seg"])

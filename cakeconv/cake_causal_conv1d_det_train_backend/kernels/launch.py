@@ -23,9 +23,12 @@ Triton's specialization:
 - constexprs and the launch options (warps, register cap): in the key as values.
 
 Quick twins. The forward and backward launches of a plan may carry an ``EarlyLaunch``: the same
-launch with the kernels' ``QUICK`` constexpr set (one code path for every program: the same bits,
-a compile several times shorter, a slower run). While the full variants compile in the background
-(compile_ahead.py) the twin runs; once they are ready, the launch drops it and runs its own.
+computation by the kernels' quick twins (``*_quick_kernel``: one code path for every program, the
+same bits, a compile several times shorter, a slower run), whose row strides are integer arguments
+and whose launch configuration is one for every C, so that one compiled twin serves every channel
+count and layout of its dtypes, width and activation. While the full variants compile in the
+background (compile_ahead.py) the twin runs; once they are ready, the launch drops it and runs its
+own.
 
 The package's tests record the launches of every launcher (``record_launches``) and check on
 the CPU, with Triton's own specialization code for sm_90, that equal keys mean equal
@@ -54,8 +57,10 @@ from .backward import (
     cake_conv_bwd_head_kernel,
     cake_conv_bwd_kernel,
     cake_conv_bwd_one_group_kernel,
+    cake_conv_bwd_one_group_quick_kernel,
+    cake_conv_bwd_quick_kernel,
 )
-from .forward import cake_conv_fwd_kernel, cake_conv_fwd_rows_kernel
+from .forward import cake_conv_fwd_kernel, cake_conv_fwd_quick_kernel, cake_conv_fwd_rows_kernel
 from .common import SEGMENT_IDS
 from .halo import cake_halo_gather_kernel
 from .segment_ids import SegmentIdsCache, cake_segment_ids_kernel, use_segment_ids
@@ -85,29 +90,50 @@ def interpreting() -> bool:
 
 @dataclass
 class Launch:
-    """One recorded launch: the kernel, its key, grid, every argument in order, launch options."""
+    """One recorded launch: the kernel, its key, grid, every argument in order, launch options; ``twin``:
+    launched by a quick twin's launch (``record_launches(twins=True)``)."""
 
     kernel: "Kernel"
     key: tuple | None
     grid: tuple
     args: tuple
     options: dict
+    twin: bool = False
 
 
 _recording: list | None = None
 _recording_launches: bool = False
+_recording_twins: bool = False
+_in_twin: bool = False  # a twin's launch runs (recording with twins)
 
 
 @contextlib.contextmanager
-def record_launches(launch: bool = False):
-    """Record every ``Kernel.launch`` in a list (yielded); with ``launch`` False nothing runs."""
-    global _recording, _recording_launches
-    previous = (_recording, _recording_launches)
-    _recording, _recording_launches = [], launch
+def record_launches(launch: bool = False, twins: bool = False):
+    """Record every ``Kernel.launch`` in a list (yielded); with ``launch`` False nothing runs.
+    ``twins``: the plans made meanwhile (conv.py) carry their quick twins, and a launch that has one
+    records both, the twin's (``Launch.twin`` set) and its own."""
+    global _recording, _recording_launches, _recording_twins
+    previous = (_recording, _recording_launches, _recording_twins)
+    _recording, _recording_launches, _recording_twins = [], launch, twins
     try:
         yield _recording
     finally:
-        _recording, _recording_launches = previous
+        _recording, _recording_launches, _recording_twins = previous
+
+
+def recording_twins() -> bool:
+    """True inside ``record_launches(twins=True)``."""
+    return _recording is not None and _recording_twins
+
+
+def _record_twin(twin, *args) -> None:
+    """Record the launches of ``twin.run(*args)``, marked as a twin's (``Launch.twin``)."""
+    global _in_twin
+    _in_twin = True
+    try:
+        twin.run(*args)
+    finally:
+        _in_twin = False
 
 
 def _hooks_set() -> bool:
@@ -186,7 +212,7 @@ class Prepared:
         if _recording is not None:
             key = None if bits & 15 else self.key
             _recording.append(Launch(self.kernel, key, self.grid, (*pointers, *self.args),
-                                     _options(self.warps, self.maxnreg, self.kernel.pdl)))
+                                     _options(self.warps, self.maxnreg, self.kernel.pdl), _in_twin))
             if not _recording_launches:
                 return
         if INTERPRET:
@@ -238,9 +264,13 @@ BWD_HEAD = Kernel(cake_conv_bwd_head_kernel)
 BWD_DX_ROWS = Kernel(cake_conv_bwd_dx_rows_kernel)
 HALO_GATHER = Kernel(cake_halo_gather_kernel)
 SEGMENT_IDS_BUILD = Kernel(cake_segment_ids_kernel)
-KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD)
-QUICK_KERNELS = (FWD, BWD, BWD_ONE_GROUP)  # their last constexpr is QUICK (0 or 1: the quick twin)
-assert all(k.fn.arg_names[-1] == "QUICK" for k in QUICK_KERNELS)
+FWD_QUICK = Kernel(cake_conv_fwd_quick_kernel)
+BWD_QUICK = Kernel(cake_conv_bwd_quick_kernel)
+BWD_ONE_GROUP_QUICK = Kernel(cake_conv_bwd_one_group_quick_kernel)
+QUICK_KERNELS = (FWD_QUICK, BWD_QUICK, BWD_ONE_GROUP_QUICK)  # the quick twins of ...
+WITH_TWINS = (FWD, BWD, BWD_ONE_GROUP)  # ... these (the other kernels serve both)
+KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD,
+           *QUICK_KERNELS)
 _CACHE_KEYS_READY = False
 
 
@@ -385,9 +415,12 @@ class ForwardLaunch:
         early = self.early
         if early is not None:
             if early.active():
-                early.launch.run(x_SC, w_CW, b_C, cu, y_SC, hist_NHC)
-                return
-            self.early = None
+                if not _recording_twins:
+                    early.launch.run(x_SC, w_CW, b_C, cu, y_SC, hist_NHC)
+                    return
+                _record_twin(early.launch, x_SC, w_CW, b_C, cu, y_SC, hist_NHC)  # then its own below
+            else:
+                self.early = None
         # b, cu and hist stand in with w when absent (the kernel does not read them then)
         b = w_CW if b_C is None else b_C
         hist = w_CW if hist_NHC is None else hist_NHC
@@ -402,19 +435,28 @@ def prepare_forward(S, C, x_stride, y_stride, x_dtype, w_dtype, b_dtype, cu_dtyp
     """The forward launch for S > 0 rows of C channels: row strides (multiples of 8) and dtypes of
     x / y (y has x's dtype), w, b (None: no bias) and cu (None: uniform documents of seq_len);
     n_cu = cu_seqlens.shape[0]; has_hist: KCP history rows are given (x's dtype); the taps'
-    width W and the activation ("silu" or None); quick: the kernel's QUICK variant (same bits)."""
+    width W and the activation ("silu" or None); quick: the quick twin (same bits; its own
+    configuration, ``config`` is not used)."""
     act = activation_flag(activation)
     assert S > 0
     n_seg, T = _segments(S, n_cu, seq_len)
-    cfg = config or tuning.pick_fwd_config(C, x_dtype.itemsize, INTERPRET, width=width)
+    if quick:
+        cfg = tuning.pick_quick_configs(INTERPRET, width)[0]
+    else:
+        cfg = config or tuning.pick_fwd_config(C, x_dtype.itemsize, INTERPRET, width=width)
     assert cfg.SUB % (8 if width >= 6 else 4) == 0, "a sub-run is whole row-loop steps (8 rows from W = 6)"
     grid = (cdiv(S, cfg.R * cfg.SUB) * cdiv(C, cfg.BC), 1, 1)
+    scalars = (S, C // 8, n_seg, T)
+    strides = (x_stride // 8, y_stride // 8)
 
     def variant(has_cu, cu_t):
-        consts = (x_stride // 8, y_stride // 8, b_dtype is not None, has_cu, has_hist, cfg.R, cfg.SUB, cfg.BC, cfg.stages,
-                  width, act, int(quick))
-        return FWD.prepare(grid, (x_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype), (S, C // 8, n_seg, T),
-                           consts, cfg.num_warps, cfg.maxnreg)
+        dtypes = (x_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype)
+        flags = (b_dtype is not None, has_cu, has_hist)
+        if quick:  # the strides are arguments
+            return FWD_QUICK.prepare(grid, dtypes, (*scalars, *strides), (*flags, cfg.R, cfg.SUB, cfg.BC, width, act),
+                                     cfg.num_warps, cfg.maxnreg)
+        return FWD.prepare(grid, dtypes, scalars, (*strides, *flags, cfg.R, cfg.SUB, cfg.BC, cfg.stages, width, act),
+                           cfg.num_warps, cfg.maxnreg)
 
     ids = variant(SEGMENT_IDS_VALUE, torch.int32) if _ids_apply(S, C, n_cu) else None
     return ForwardLaunch(variant(cu_dtype is not None, cu_dtype), ids, S)
@@ -501,10 +543,14 @@ class BackwardLaunches:
         early = self.early
         if early is not None:
             if early.active():
-                early.launch.run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC,
-                                 tickets_in_workspace)
-                return
-            self.early = None
+                if not _recording_twins:
+                    early.launch.run(dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC,
+                                     tickets_in_workspace)
+                    return
+                _record_twin(early.launch, dy_SC, x_SC, w_CW, b_C, cu, dx_SC, ws_F, dw_CW, db_C, hist_NHC, fut_NHC,
+                             tickets_in_workspace)  # then its own below
+            else:
+                self.early = None
         w = w_CW  # stands in for the absent optional pointers
         b = w if b_C is None else b_C
         hist = w if hist_NHC is None else hist_NHC
@@ -530,10 +576,15 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     dx (dx has x's dtype), the dtypes of x, dy, w, b (None: no bias; db then has dw's dtype too),
     cu (None: uniform documents of seq_len) and dw; n_cu = cu_seqlens.shape[0]; has_hist /
     has_fut: KCP halo rows given (hist: x's dtype; fut: FP32); the taps' width W and the
-    activation ("silu" or None); quick: the main kernels' QUICK variant (same bits)."""
+    activation ("silu" or None); quick: the main kernels' quick twins (same bits; their own
+    configuration, ``config`` is not used)."""
     assert S > 0 and (has_hist or not has_fut)
     act = activation_flag(activation)
-    cfg = config or tuning.pick_bwd_config(C, x_dtype.itemsize, INTERPRET, has_bias=b_dtype is not None, width=width)
+    if quick:
+        cfg = tuning.pick_quick_configs(INTERPRET, width)[1]
+    else:
+        cfg = config or tuning.pick_bwd_config(C, x_dtype.itemsize, INTERPRET, has_bias=b_dtype is not None,
+                                               width=width)
     n_seg, T = _segments(S, n_cu, seq_len)
     R = cfg.R
     logr = R.bit_length() - 1
@@ -545,18 +596,23 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
 
     one_group = n_groups == 1
     M = TREE_LEAVES // R  # level-logr nodes per group
+    grid = (n_nodes * cdiv(C, cfg.BC), 1, 1)
+    scalars = (S, C // 8, n_seg, T)
+    strides = (x_stride // 8, dy_stride // 8, dx_stride // 8)
+    # (one group: the last program adds [M, EPI_BC] of the nodes at a time, 32 floats a thread)
+    tail = (M, LOG2_TREE_LEAVES - logr, min(cfg.BC, 1024 * cfg.num_warps // M)) if one_group else ()
 
     def variant(has_cu, cu_t):
-        consts = (x_stride // 8, dy_stride // 8, dx_stride // 8, b_dtype is not None, has_cu,
-                  has_hist, has_fut, R, logr, BWD_SUB, cfg.BC, cfg.stages, cfg.step_branch, width, act)
         dtypes = (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype)
-        if one_group:  # + dw, db (dw's dtype) and the int32 tickets; the last program adds [M, EPI_BC] at a time
-            epi_bc = min(cfg.BC, 1024 * cfg.num_warps // M)  # 32 floats a thread
-            consts = (*consts, M, LOG2_TREE_LEAVES - logr, epi_bc, int(quick))
-            return BWD_ONE_GROUP.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), (*dtypes, dw_dtype, torch.int32),
-                                         (S, C // 8, n_seg, T), consts, cfg.num_warps, cfg.maxnreg)
-        return BWD.prepare((n_nodes * cdiv(C, cfg.BC), 1, 1), dtypes, (S, C // 8, n_seg, T), (*consts, int(quick)),
-                           cfg.num_warps, cfg.maxnreg)
+        if one_group:  # + dw, db (dw's dtype) and the int32 tickets
+            dtypes = (*dtypes, dw_dtype, torch.int32)
+        flags = (b_dtype is not None, has_cu, has_hist, has_fut, R, logr, BWD_SUB, cfg.BC)
+        if quick:  # the strides are arguments
+            return (BWD_ONE_GROUP_QUICK if one_group else BWD_QUICK).prepare(
+                grid, dtypes, (*scalars, *strides), (*flags, width, act, *tail), cfg.num_warps, cfg.maxnreg)
+        return (BWD_ONE_GROUP if one_group else BWD).prepare(
+            grid, dtypes, scalars, (*strides, *flags, cfg.stages, cfg.step_branch, width, act, *tail), cfg.num_warps,
+            cfg.maxnreg)
 
     # the nodes are the workspace's first n_nodes * C5 floats, the group sums start at leaf n_leaves
     # dx and hist have x's dtype, fut and the workspace are FP32 (built so)

@@ -139,5 +139,20 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = Fal
     return _BWD  # the unmasked-body branch is slower here: at C = 128, and at 512 with bias (0.82 -> 0.79)
 
 
+# The quick twins' one configuration for every C (compile_ahead.py: what a first training step runs while
+# the full kernels compile): one compiled twin then serves every channel count. Chosen for a short
+# compile and a moderate register count, not measured for speed (the full kernels take over).
+_FWD_QUICK = FwdConfig(R=4, SUB=32, BC=128, num_warps=4)
+_BWD_QUICK = BwdConfig(R=4, BC=128, num_warps=4)
+_BWD_QUICK_WIDE_TAPS = BwdConfig(R=2, BC=128, num_warps=4)
+
+
+def pick_quick_configs(interpret: bool, width: int = 4) -> tuple[FwdConfig, BwdConfig]:
+    """(forward, backward) configurations of the quick twins at ``width`` taps: the same for every C."""
+    if interpret:
+        return FWD_INTERPRET, BWD_INTERPRET
+    return _FWD_QUICK, _BWD_QUICK_WIDE_TAPS if width >= WIDE_TAPS else _BWD_QUICK
+
+
 def cdiv(a: int, b: int) -> int:
     return triton.cdiv(a, b)
