@@ -187,18 +187,21 @@ def training_step_items(problem, target, tokens=None) -> tuple[list, list]:
 
 def twins_key(key) -> tuple:
     """What a problem's quick twins depend on, of its compile-ahead key (capability, problem, regime
-    tokens): everything but C and the row stride (the twins take them as arguments and launch with
-    one configuration for every C)."""
+    tokens): (everything but C and the row stride, whether the rows are contiguous). The twins take
+    C and the strides as arguments and launch with one configuration for every C; mamba_ssm's layout
+    (x rows wider apart than C) records other calls, hence the second part."""
     capability, problem, tokens = key
-    return (capability, tokens, problem.dtype, problem.weight_dtype, problem.bias, problem.width, problem.activation,
-            problem.cu_dtype, problem.mamba_ssm_row_stride is None)
+    common = (capability, tokens, problem.dtype, problem.weight_dtype, problem.bias, problem.width,
+              problem.activation, problem.cu_dtype)
+    return common, problem.mamba_ssm_row_stride is None
 
 
 def _twins_ready(shared) -> bool:
     """Whether this process compiled the quick twins of a problem of ``twins_key`` ``shared``: those of
-    that key, or, for mamba_ssm's layout (x rows wider apart than C), those of the contiguous layout,
-    which hold all of its twins (the same kernels: the strides are arguments)."""
-    return shared in _twins_compiled or (not shared[-1] and (*shared[:-1], True) in _twins_compiled)
+    that key, or those of the contiguous layout, which hold all of mamba_ssm's layout's twins (the
+    same kernels: the strides are arguments)."""
+    common, _ = shared
+    return shared in _twins_compiled or (common, True) in _twins_compiled
 
 
 def compile_items(items, target, n_threads: int) -> None:
