@@ -293,7 +293,7 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
     for problem in problems:  # a step of these problems (in these regimes) need not compile them ahead again
         if tokens is None:
             write_marker(problem, tgt)
-        elif problem.mamba_ssm_row_stride is None:  # packed rows' regimes (mamba_ssm's layout takes the whole set)
+        else:  # the regimes of packed rows (contiguous or mamba_ssm's)
             for regime in {regime_tokens(S) for S in tokens}:
                 write_marker(problem, tgt, regime)
     hits = sum(r["cache_hit"] for r in results)

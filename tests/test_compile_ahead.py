@@ -261,12 +261,14 @@ def test_the_backward_entry_point_asks_and_the_forward_alone_does_not(asked):
 
 
 def test_the_regime_of_a_plan():
-    """Packed contiguous rows with cu_seqlens: the variants of their regime (one group of the dweight
-    tree up to S = 8,192, more above); other layouts: the problem's whole set (None)."""
+    """Packed rows with cu_seqlens (contiguous, or rows of a wider tensor as in mamba_ssm's layout): the
+    variants of their regime (one group of the dweight tree up to S = 8,192, more above); [B, T, C] and
+    one sequence: the problem's whole set (None)."""
     assert compile_ahead.tokens_of(_plan(S=8192)) == (ONE_GROUP_S,)
     assert compile_ahead.tokens_of(_plan(S=8193)) == (MULTI_GROUP_S,)
     assert compile_ahead.tokens_of(_plan(cu_dtype=None)) is None  # [B, T, C] or one sequence
-    assert compile_ahead.tokens_of(_plan(x_stride=1024)) is None  # mamba_ssm's rows of a wider tensor
+    assert compile_ahead.tokens_of(_plan(x_stride=1024, S=9000)) == (MULTI_GROUP_S,)  # rows of a wider tensor
+    assert compile_ahead.tokens_of(_plan(x_stride=1024, cu_dtype=None)) is None
 
 
 @pytest.mark.parametrize("tier", ["quick", "full"])
@@ -336,10 +338,19 @@ def test_quick_twins_of_a_training_step_serve_every_channel_count_and_stride():
         contiguous, mamba = (_spec_texts(compile_ahead.training_step_items(p, SM90, tokens)[1])
                              for p in (WarmupProblem(512), WarmupProblem(2048, mamba_ssm_row_stride=4352)))
         assert mamba < contiguous, tokens
-    compile_ahead._twins_compiled.add(key(WarmupProblem(512)))
+    # the keys as a first step forms them, of plans: packed rows at C = 512, then a new C, rows of a wider
+    # tensor (the stride case of benchmarks/first_step.py), a bias; and the other regime
+    def plan_key(**kw):
+        plan = _plan(**{"S": 32768, "cu_dtype": torch.int32, **kw})
+        return compile_ahead.twins_key((90, compile_ahead.problem_of(plan), compile_ahead.tokens_of(plan)))
+
+    compile_ahead._twins_compiled.add(plan_key())
     try:
-        assert compile_ahead._twins_ready(key(WarmupProblem(2048, mamba_ssm_row_stride=4352)))
-        assert not compile_ahead._twins_ready(key(WarmupProblem(512, bias=True)))
+        assert plan_key(x_stride=1536) != plan_key()
+        assert compile_ahead._twins_ready(plan_key(x_stride=1536))
+        assert not compile_ahead._twins_ready(plan_key(b_dtype=torch.float32))
+        assert not compile_ahead._twins_ready(plan_key(S=4096))  # one group of the dweight tree: other twins
+        assert not compile_ahead._twins_ready(plan_key(x_stride=1536, S=4096))
     finally:
         compile_ahead._twins_compiled.clear()
 

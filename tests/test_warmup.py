@@ -78,9 +78,12 @@ def test_warmup_covers_what_training_launches(problem):
 def test_warmup_covers_mamba_ssm_fused_path_calls():
     """The mamba_ssm layout: the pair on slices of a wider projection (Mamba2: conv 4352 channels of an
     8512-wide in_proj, here scaled down) at other token and document counts launches nothing outside
-    the warm-up's set, and the contiguous problem's set does not cover it."""
+    the warm-up's set, nor, packed, outside its regime's set (a first step compiles that one), and the
+    contiguous problem's set does not cover it."""
     problem = WarmupProblem(96, bias=True, mamba_ssm_row_stride=200)
     texts = {text for _, text in problem_specializations([problem], SM90)}
+    regimes = {tokens: {text for _, text in problem_specializations([problem], SM90, tokens)}
+               for tokens in ((warmup_module.ONE_GROUP_S,), (warmup_module.MULTI_GROUP_S,))}
     plain = {text for _, text in problem_specializations([WarmupProblem(96, bias=True)], SM90)}
     saved = checks.INTERPRET
     checks.INTERPRET = True
@@ -95,6 +98,9 @@ def test_warmup_covers_mamba_ssm_fused_path_calls():
                 text = repr((sorted(signature.items()), sorted(constexprs.items()), sorted(attrs.items()),
                              sorted(options.__dict__.items())))
                 assert text in texts, f"{r.kernel.name} of {shape}, {cu and len(cu) - 1} documents is not warmed up"
+                if cu is not None:
+                    regime = warmup_module.regime_tokens(shape[0])
+                    assert text in regimes[regime], f"{r.kernel.name} of {shape} is not in its regime's set"
     finally:
         checks.INTERPRET = saved
     assert not texts <= plain
@@ -128,6 +134,11 @@ def test_warmup_compiles_into_the_cache_and_finds_it_again(tmp_path, monkeypatch
     several = compile_ahead.marker_path(WarmupProblem(256), SM90, (warmup_module.MULTI_GROUP_S,))
     one = compile_ahead.marker_path(WarmupProblem(256), SM90, (warmup_module.ONE_GROUP_S,))
     assert os.path.exists(several) and not os.path.exists(one)
+    # mamba_ssm's rows of a wider tensor, packed: the markers of their regimes too (a first step keys them so)
+    mamba = WarmupProblem(256, mamba_ssm_row_stride=520)
+    warmup([mamba], target="sm_90", jobs=1, progress=None, tokens=[4096])
+    assert os.path.exists(compile_ahead.marker_path(mamba, SM90, (warmup_module.ONE_GROUP_S,)))
+    assert not os.path.exists(compile_ahead.marker_path(mamba, SM90, (warmup_module.MULTI_GROUP_S,)))
 
 
 @pytest.mark.parametrize("problem", [WarmupProblem(512), WarmupProblem(256, width=8, activation=None)], ids=str)

@@ -29,10 +29,11 @@ problem: the same launches, the same Triton cache keys) and compiles them in two
    it finished stays in the cache for the next run).
 
 A cold first step then waits for the slowest quick twin instead of the slowest full kernel. Packed
-rows with ``cu_seqlens`` compile the set of the step's regime only: one group of the backward's
+rows with ``cu_seqlens`` (contiguous, or mamba_ssm's rows of a wider tensor) compile the set of the
+step's regime only: one group of the backward's
 dweight tree (S <= 8,192 tokens) or more, with few and many documents (``warmup(tokens=...)``'s set:
 5 or 6 variants of the 11); the first step of the other regime, if one comes, compiles that one's.
-Other layouts take the problem's whole set. Once a set is in the cache, a marker file there
+``[B, T, C]`` and one sequence take the problem's whole set. Once a set is in the cache, a marker file there
 (``cakeconv_compile_ahead/<hash>``, keyed by the problem, the regime, the target, Triton's version
 and the kernels' cache keys) lets later processes skip all this: their launches load the full
 kernels as before, with no twin.
@@ -135,10 +136,11 @@ def wait_for_kernels(timeout: float | None = None) -> bool:
 
 def tokens_of(plan):
     """The regime's representative token count, ``(ONE_GROUP_S,)`` or ``(MULTI_GROUP_S,)``, for a plan of
-    packed contiguous rows with ``cu_seqlens`` (the variants of one group of the dweight tree or of
-    more: ``warmup(tokens=...)``); None for other layouts (the problem's whole set)."""
-    x_stride, _, _, cu_dtype, _ = plan._layout
-    if cu_dtype is None or x_stride != plan.C:
+    packed rows with ``cu_seqlens``, contiguous or rows of a wider tensor (the variants of one group of
+    the dweight tree or of more: ``warmup(tokens=...)``); None for ``[B, T, C]`` and one sequence (the
+    problem's whole set)."""
+    _, _, _, cu_dtype, _ = plan._layout
+    if cu_dtype is None:
         return None
     from ..warmup import regime_tokens
 
