@@ -389,9 +389,28 @@ def _c_panel(ax, sel, mix, method, p_, sweep_s, target_steps):
         ax.legend(fontsize=7)
 
 
+def _w_panel(ax, cur, mix, p_, C):
+    """GPU-time fraction of copy against W at one mix, pass and C: a line per provider and activation (dashed:
+    none); dotted, 0.97 x ours at W = 4 + SiLU (SPEC 7's widths target)."""
+    for prov, act in itertools.product(PROVIDERS, ("silu", "none")):
+        pts = sorted((r["width"], r["fraction"]) for r in cur if (r["mix"], r["pass"], r["C"], r["provider"],
+                                                                  r["activation"]) == (mix, p_, C, prov, act))
+        if pts:
+            ax.plot(*zip(*pts), marker="o", ms=3, color=COLORS.get(prov), linestyle="-" if act == "silu" else "--",
+                    label=f"{prov} {act}")
+    base = [r["fraction"] for r in cur if (r["mix"], r["pass"], r["C"], r["provider"], r["width"], r["activation"])
+            == (mix, p_, C, "ours") + BASE_WA]
+    if base:
+        ax.axhline(0.97 * base[0], color="gray", lw=0.8, ls=":")
+    ax.set(xlabel="W (taps)", ylabel="fraction of copy bandwidth", ylim=(0, 1.05))
+    ax.set_title(f"{PASS_LABEL[p_]}, {mix}, C={C}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+
+
 def op_plots(rows, sweep_s, env, out_dir, notes, stem, target_steps) -> list[str]:
     """[<stem>.png]: fraction of copy against C at S = sweep_s and W = 4 + SiLU (else the first (W, activation)), a
-    row per mix, a panel per GPU-time pass and eager form (beside it, dotted, GPU time of fwd+bwd)."""
+    row per mix, a panel per GPU-time pass and eager form (beside it, dotted, GPU time of fwd+bwd); with several
+    widths, against W instead: a row per mix, a panel per pass and C."""
     sel = [r for r in rows if r["S"] == sweep_s and r["method"] in ("gpu", "eager", "eager_step")]
     if not sel:
         notes.append(f"plot skipped: no GPU-time or eager rows at S={sweep_s}")
@@ -399,6 +418,16 @@ def op_plots(rows, sweep_s, env, out_dir, notes, stem, target_steps) -> list[str
     if plt is None:
         return []
     was = _was(sel, sort=False)
+    if len({w for w, _ in was}) > 1:
+        gpu = [r for r in sel if r["method"] == "gpu"]
+        mixes, cols = list(dict.fromkeys(r["mix"] for r in gpu)), list(itertools.product(
+            _in(gpu, "pass", PASSES), sorted({r["C"] for r in gpu})))
+        fig, axes = plt.subplots(len(mixes), len(cols), figsize=(4.2 * len(cols), 3.6 * len(mixes)), squeeze=False)
+        for (i, mix), (j, (p_, C)) in itertools.product(enumerate(mixes), enumerate(cols)):
+            _w_panel(axes[i][j], gpu, mix, p_, C)
+        axes[0][0].legend(fontsize=6)
+        return _save(fig, plt, f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}, S={sweep_s}",
+                     len(mixes), out_dir, stem)
     cur = [r for r in sel if (r["width"], r["activation"]) == (BASE_WA if BASE_WA in was else was[0])]
     mixes = list(dict.fromkeys(r["mix"] for r in cur))
     cols = [("gpu", p) for p in _in([r for r in cur if r["method"] == "gpu"], "pass", PASSES)]
@@ -406,9 +435,15 @@ def op_plots(rows, sweep_s, env, out_dir, notes, stem, target_steps) -> list[str
     fig, axes = plt.subplots(len(mixes), len(cols), figsize=(5.0 * len(cols), 3.9 * len(mixes)), squeeze=False)
     for (i, mix), (j, (method, p_)) in itertools.product(enumerate(mixes), enumerate(cols)):
         _c_panel(axes[i][j], cur, mix, method, p_, sweep_s, target_steps)
-    fig.suptitle(f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}"
-                 + (f"; {wa_text(cur[0]['width'], cur[0]['activation'])}" if len(was) > 1 else ""), fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.9 * len(mixes))))
+    return _save(fig, plt, f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}"
+                 + (f"; {wa_text(cur[0]['width'], cur[0]['activation'])}" if len(was) > 1 else ""), len(mixes),
+                 out_dir, stem)
+
+
+def _save(fig, plt, title, n_rows, out_dir, stem) -> list[str]:
+    """Title ``fig``, write it as <stem>.png: [its path]."""
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.9 * n_rows)))
     path = os.path.join(out_dir, stem + ".png")
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -23,9 +23,9 @@ BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 TOOLS = ROOT / "tools"
 MODULES = {"__init__", "timing", "report", "op", "kcp", "model_step", "first_step"}
-MAX_PACKAGE_LINES = 2730  # about 2,500 is the aim; the seven modules hold about 2,720, with room for a fix or two
+MAX_PACKAGE_LINES = 2760  # about 2,500 is the aim; the seven modules hold about 2,755 (the widths plot: 35)
 MAX_FUNCTION_LINES = 80
-MAX_RESULT_FILES = 32  # few: a new figure replaces its older file, logs of one campaign share a file
+MAX_RESULT_FILES = 36  # few: a new figure replaces its older file, logs of one campaign share a file
 
 
 def _cited_text() -> str:
