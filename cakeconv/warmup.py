@@ -244,7 +244,8 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
 
     Returns:
         {"target", "kernels": [{"kernel", "front_end", "llvm", "ptxas", "total", "cache_hit"}...],
-        "compiled", "cache_hits", "seconds", "cache_dir"}.
+        "compiled", "cache_hits", "launchers" (the kernels' launchers built into the cache, or why
+        not: they need the CUDA driver's library), "seconds", "cache_dir"}.
 
     Raises:
         ValueError: a bad problem or target, or Triton's CPU interpreter is on (it compiles nothing).
@@ -287,8 +288,11 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
                     how = "cached" if times["cache_hit"] else (
                         f"front end {times['front_end']:.1f} s, LLVM {times['llvm']:.1f} s, ptxas {times['ptxas']:.1f} s")
                     progress(f"  [{i}/{len(items)}] {name}: {times['total']:.1f} s ({how})")
+    from .cake_causal_conv1d_det_train_backend.compile_ahead import build_launchers, write_marker
+
+    launchers = build_launchers([(name, spec) for name, spec, _ in items], n_jobs)  # (a GPU machine's)
+    launchers.join()
     seconds = time.perf_counter() - start
-    from .cake_causal_conv1d_det_train_backend.compile_ahead import write_marker
 
     for problem in problems:  # a step of these problems (in these regimes) need not compile them ahead again
         if tokens is None:
@@ -298,9 +302,10 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
                 write_marker(problem, tgt, regime)
     hits = sum(r["cache_hit"] for r in results)
     if progress:
-        progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {seconds:.1f} s")
+        progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {launchers.outcome}, "
+                 f"{seconds:.1f} s")
     return {"target": f"sm_{tgt.arch}", "kernels": results, "compiled": len(results) - hits, "cache_hits": hits,
-            "seconds": seconds, "cache_dir": _cache_dir()}
+            "launchers": launchers.outcome, "seconds": seconds, "cache_dir": _cache_dir()}
 
 
 def wait_for_kernels(timeout: float | None = None) -> bool:

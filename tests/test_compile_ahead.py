@@ -130,8 +130,14 @@ def _step(S, C, W=4, activation="silu", seed=0):
 
 
 def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels import specialization
+
+    built = []
+    monkeypatch.setattr(specialization, "build_launcher", built.append)
     first = _step(64, 16)
     assert compile_ahead.wait_for_kernels(10)  # (the recording below would run this problem's twins before)
+    # the launchers of the twins and of the full kernels, each once, built beside the twins' compile
+    assert len(built) >= 4 and len(set(built)) == len(built)
     one_group = len(warmup_module.problem_specializations([WarmupProblem(16)], SM90, (ONE_GROUP_S,)))
     assert asked == [(16, 4, "silu", 90, one_group, (ONE_GROUP_S,))] and one_group == 5  # the regime's variants
     # the quick twins in the calling thread (waited for), then the full variants in a background warm-up
@@ -353,6 +359,49 @@ def test_quick_twins_of_a_training_step_serve_every_channel_count_and_stride():
         assert not compile_ahead._twins_ready(plan_key(x_stride=1536, S=4096))
     finally:
         compile_ahead._twins_compiled.clear()
+
+
+def test_the_launchers_built_ahead_are_the_launches_own(monkeypatch):
+    """A kernel's first launch in a process builds its launcher from the C source that Triton's
+    CudaLauncher generates; ``build_launchers`` builds the same sources, one per argument-type
+    signature: a step's twins and full kernels (W = 4, several groups) need 6, the same for every C.
+    Without the CUDA driver's library (this machine) the thread says why, and the launches build
+    their own as before."""
+    from triton.backends.nvidia import driver
+    from triton.compiler import ASTSource
+
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch, specialization
+
+    full, quick = compile_ahead.training_step_items(WarmupProblem(512), SM90, (MULTI_GROUP_S,))
+    fns = {k.name: k.fn for k in launch.KERNELS}
+    launched = []
+    monkeypatch.setattr(driver, "compile_module_from_src",
+                        lambda src, name, **kw: launched.append(src) or types.SimpleNamespace(launch=None))
+    monkeypatch.setattr(driver, "library_dirs", lambda: [])
+    metadata = types.SimpleNamespace(num_ctas=1, global_scratch_size=0, global_scratch_align=1,
+                                     profile_scratch_size=0, profile_scratch_align=1,
+                                     launch_cooperative_grid=False, launch_pdl=False)
+    for name, (options, signature, constexprs, attrs) in quick + full:
+        driver.CudaLauncher(ASTSource(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs), metadata)
+        assert launched[-1] == specialization.launcher_source(fns[name], (options, signature, constexprs, attrs))
+    built = []
+    monkeypatch.setattr(specialization, "build_launcher", built.append)
+    thread = compile_ahead.build_launchers(quick + full, 3)
+    thread.join()
+    assert sorted(built) == sorted(set(launched)) and len(built) == 6
+    assert thread.outcome == "6 launchers built or found"
+    built.clear()
+    other_full, other_quick = compile_ahead.training_step_items(WarmupProblem(2048), SM90, (MULTI_GROUP_S,))
+    compile_ahead.build_launchers(other_quick + other_full, 3).join()
+    assert sorted(built) == sorted(set(launched))  # another C: the same launchers
+
+    def no_driver(source):
+        raise AssertionError("libcuda.so cannot found!\nPlease make sure GPU is set up")
+
+    monkeypatch.setattr(specialization, "build_launcher", no_driver)
+    thread = compile_ahead.build_launchers(quick, 2)
+    thread.join()
+    assert thread.outcome == "launchers not built (AssertionError: libcuda.so cannot found!)"
 
 
 def test_the_quick_environment_switch(monkeypatch):

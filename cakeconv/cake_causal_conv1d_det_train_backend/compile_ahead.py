@@ -28,6 +28,11 @@ problem: the same launches, the same Triton cache keys) and compiles them in two
    or Python's GIL, and the training process can end at any time. It then stops that process (what
    it finished stays in the cache for the next run).
 
+Beside the twins' compile, threads build the launchers of both tiers (``build_launchers``): the C
+module per argument-type signature that a kernel's first launch in a process would otherwise build
+with the C compiler in the launching thread, about 0.3 s each; a step needs about six, the full
+kernels' ones at the switch from the twins.
+
 A cold first step then waits for the slowest quick twin instead of the slowest full kernel. Packed
 rows with ``cu_seqlens`` (contiguous, or mamba_ssm's rows of a wider tensor) compile the set of the
 step's regime only: one group of the backward's
@@ -224,6 +229,35 @@ def compile_items(items, target, n_threads: int) -> None:
             pass
 
 
+def build_launchers(items, n_threads: int) -> threading.Thread:
+    """Start building the launchers of (kernel name, specialization) items into Triton's cache, in a thread
+    of their own and up to ``n_threads`` C compilers; returns the thread (join it before the launches).
+    A kernel's first launch in a process otherwise builds its launcher itself, about 0.3 s in the
+    launching thread (``specialization.launcher_source``); one launcher serves every specialization of
+    the same argument types, so a step's kernels need a handful. Where one cannot be built (no CUDA
+    driver library), the launches build theirs as before. The thread's ``outcome`` says which, once
+    joined."""
+    from .kernels import launch, specialization
+
+    fns = {k.name: k.fn for k in launch.KERNELS}
+
+    def run():
+        try:
+            sources = list(dict.fromkeys(specialization.launcher_source(fns[name], spec) for name, spec in items))
+            with ThreadPoolExecutor(max(1, min(n_threads, len(sources)))) as pool:
+                for _ in pool.map(specialization.build_launcher, sources):
+                    pass
+            thread.outcome = f"{len(sources)} launchers built or found"
+        except Exception as exc:  # noqa: BLE001 - the launches build what they need, as without this
+            thread.outcome = f"launchers not built ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            _log.debug("cakeconv: %s", thread.outcome)
+
+    thread = threading.Thread(target=run, name="cakeconv-launchers", daemon=True)
+    thread.outcome = None
+    thread.start()
+    return thread
+
+
 def marker_path(problem, target, tokens=None) -> str:
     """The file that says ``problem``'s training-step kernels for ``target`` are in Triton's cache: all of
     them, or (``tokens``: a regime's ``(ONE_GROUP_S,)`` or ``(MULTI_GROUP_S,)``) those of that regime."""
@@ -266,11 +300,15 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
             full, twins = training_step_items(problem, target, tokens)
     finally:
         _local.busy = False
+    # the launchers of every kernel of the step, the full ones' too (their first launch, at the switch from
+    # the twins, would build them in the training thread), built beside the compile
+    launchers = build_launchers(twins + full, n)
     if not quick:
         _log.log(level, "cakeconv: compiling the training step's %d kernel variants of %s%s for sm_%s in up to %d "
                  "threads (once per problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)",
                  len(full), problem, regime, target.arch, n)
         _compile_full(state, full, problem, target, n, tokens, level, start)
+        launchers.join()
         return
     _log.log(level, "cakeconv: compiling %d quick kernel variants of %s%s for sm_%s in up to %d threads, for the "
              "first steps; the training step's %d full variants follow in a background process (once per problem "
@@ -281,6 +319,8 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
     except BaseException:
         state.ready.set()  # no twins to run: the launches compile the full variants themselves
         raise
+    finally:
+        launchers.join()
     if shared is not None:
         _twins_compiled.add(shared)
     _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s; the full ones compile in the background",

@@ -10,6 +10,12 @@ change code). ``triton_specialization`` runs that binder for a given target;
 entry a first launch on a GPU of that target would write, or finds it. The tests use the first to
 check every launch on sm_90 on the CPU; ``cakeconv.warmup`` uses both to compile a run's kernels
 ahead, in parallel.
+
+A kernel's first launch in a process also needs its launcher: a small C module that Triton
+generates from the kernel's signature (the argument types; not the constexprs' values, nor the
+kernel's code) and builds with the system's C compiler, about 0.3 s, into the same cache, keyed by
+its source. ``launcher_source`` generates that source as the launch will; ``build_launcher`` builds
+it ahead (on a machine with the CUDA driver: the module links against it), so that the launch loads it.
 """
 
 from __future__ import annotations
@@ -45,6 +51,28 @@ def triton_specialization(fn, args, options, target: GPUTarget, params=None):
     binder = create_function_from_signature(fn.signature, params or fn.params, backend)
     bound, spec, opts = binder(*args, **options)
     return fn._pack_args(backend, dict(options), bound, spec, opts)
+
+
+def launcher_source(fn, spec) -> str:
+    """The C source of the launcher that the first launch of ``fn`` at ``spec`` (``triton_specialization``'s
+    result) builds: Triton's ``CudaLauncher`` generates it from the source's signature and constants (no
+    tensor descriptor here)."""
+    from triton.backends.nvidia.driver import make_launcher
+
+    _, signature, constexprs, attrs = spec
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    constants = {(src.fn.arg_names.index(k),) if isinstance(k, str) else k: v for k, v in src.constants.items()}
+    return make_launcher(constants, dict(src.signature), None)
+
+
+def build_launcher(source: str) -> None:
+    """Build the launcher of C source ``source`` into Triton's cache, or find it there (as the launch
+    does). Needs the CUDA driver's library (AssertionError from Triton without it)."""
+    from triton.backends.nvidia.driver import include_dirs, libraries, library_dirs
+    from triton.runtime.build import compile_module_from_src
+
+    compile_module_from_src(src=source, name="__triton_launcher", library_dirs=library_dirs(),
+                            include_dirs=include_dirs, libraries=libraries)
 
 
 def compile_specialization(fn, spec, target: GPUTarget) -> dict:
