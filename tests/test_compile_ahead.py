@@ -133,7 +133,7 @@ def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
     from cakeconv.cake_causal_conv1d_det_train_backend.kernels import specialization
 
     built = []
-    monkeypatch.setattr(specialization, "build_launcher", built.append)
+    monkeypatch.setattr(specialization, "build_launcher", lambda source, name: built.append(source))
     first = _step(64, 16)
     assert compile_ahead.wait_for_kernels(10)  # (the recording below would run this problem's twins before)
     # the launchers of the twins and of the full kernels, each once, built beside the twins' compile
@@ -384,18 +384,21 @@ def test_the_launchers_built_ahead_are_the_launches_own(monkeypatch):
     for name, (options, signature, constexprs, attrs) in quick + full:
         driver.CudaLauncher(ASTSource(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs), metadata)
         assert launched[-1] == specialization.launcher_source(fns[name], (options, signature, constexprs, attrs))
-    built = []
-    monkeypatch.setattr(specialization, "build_launcher", built.append)
+    built = {}
+    monkeypatch.setattr(specialization, "build_launcher",
+                        lambda source, name: built.setdefault(name, []).append(source))
     thread = compile_ahead.build_launchers(quick + full, 3)
     thread.join()
-    assert sorted(built) == sorted(set(launched)) and len(built) == 6
+    assert sorted(built["__triton_launcher"]) == sorted(set(launched)) and len(set(launched)) == 6
     assert thread.outcome == "6 launchers built or found"
+    with open(os.path.join(driver.dirname, "driver.c")) as f:  # what CudaUtils builds on the first launch
+        assert built["cuda_utils"] == [f.read()]
     built.clear()
     other_full, other_quick = compile_ahead.training_step_items(WarmupProblem(2048), SM90, (MULTI_GROUP_S,))
     compile_ahead.build_launchers(other_quick + other_full, 3).join()
-    assert sorted(built) == sorted(set(launched))  # another C: the same launchers
+    assert sorted(built["__triton_launcher"]) == sorted(set(launched))  # another C: the same launchers
 
-    def no_driver(source):
+    def no_driver(source, name):
         raise AssertionError("libcuda.so cannot found!\nPlease make sure GPU is set up")
 
     monkeypatch.setattr(specialization, "build_launcher", no_driver)

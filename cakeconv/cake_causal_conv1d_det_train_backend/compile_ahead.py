@@ -234,7 +234,8 @@ def build_launchers(items, n_threads: int) -> threading.Thread:
     of their own and up to ``n_threads`` C compilers; returns the thread (join it before the launches).
     A kernel's first launch in a process otherwise builds its launcher itself, about 0.3 s in the
     launching thread (``specialization.launcher_source``); one launcher serves every specialization of
-    the same argument types, so a step's kernels need a handful. Where one cannot be built (no CUDA
+    the same argument types, so a step's kernels need a handful. Triton's CUDA utilities module, which
+    a process's first launch builds the same way, comes with them. Where one cannot be built (no CUDA
     driver library), the launches build theirs as before. The thread's ``outcome`` says which, once
     joined."""
     from .kernels import launch, specialization
@@ -244,12 +245,15 @@ def build_launchers(items, n_threads: int) -> threading.Thread:
     def run():
         try:
             sources = list(dict.fromkeys(specialization.launcher_source(fns[name], spec) for name, spec in items))
-            with ThreadPoolExecutor(max(1, min(n_threads, len(sources)))) as pool:
-                for _ in pool.map(specialization.build_launcher, sources):
+            modules = [(specialization.driver_utils_source(), "cuda_utils")]
+            modules += [(source, "__triton_launcher") for source in sources]
+            with ThreadPoolExecutor(max(1, min(n_threads, len(modules)))) as pool:
+                for _ in pool.map(lambda module: specialization.build_launcher(*module), modules):
                     pass
             thread.outcome = f"{len(sources)} launchers built or found"
         except Exception as exc:  # noqa: BLE001 - the launches build what they need, as without this
-            thread.outcome = f"launchers not built ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            thread.outcome = f"launchers not built ({type(exc).__name__}: {first_line})"
             _log.debug("cakeconv: %s", thread.outcome)
 
     thread = threading.Thread(target=run, name="cakeconv-launchers", daemon=True)

@@ -14,8 +14,10 @@ ahead, in parallel.
 A kernel's first launch in a process also needs its launcher: a small C module that Triton
 generates from the kernel's signature (the argument types; not the constexprs' values, nor the
 kernel's code) and builds with the system's C compiler, about 0.3 s, into the same cache, keyed by
-its source. ``launcher_source`` generates that source as the launch will; ``build_launcher`` builds
-it ahead (on a machine with the CUDA driver: the module links against it), so that the launch loads it.
+its source; the first launch of a process also builds Triton's CUDA utilities module the same way.
+``launcher_source`` generates a launcher's source as the launch will; ``build_launcher`` builds it
+(or the utilities) ahead, on a machine with the CUDA driver (the modules link against it), so that
+the launch loads them.
 """
 
 from __future__ import annotations
@@ -65,14 +67,26 @@ def launcher_source(fn, spec) -> str:
     return make_launcher(constants, dict(src.signature), None)
 
 
-def build_launcher(source: str) -> None:
-    """Build the launcher of C source ``source`` into Triton's cache, or find it there (as the launch
-    does). Needs the CUDA driver's library (AssertionError from Triton without it)."""
+def driver_utils_source() -> str:
+    """The C source of Triton's CUDA utilities module, which the process's first launch builds (or
+    loads) before any launcher: ``CudaUtils`` reads it from the backend's ``driver.c``."""
+    import os
+
+    from triton.backends.nvidia import driver
+
+    with open(os.path.join(driver.dirname, "driver.c")) as f:
+        return f.read()
+
+
+def build_launcher(source: str, name: str = "__triton_launcher") -> None:
+    """Build the C module ``name`` (a launcher, or ``cuda_utils`` of ``driver_utils_source``) of source
+    ``source`` into Triton's cache, or find it there (as the launch does). Needs the CUDA driver's
+    library (AssertionError from Triton without it)."""
     from triton.backends.nvidia.driver import include_dirs, libraries, library_dirs
     from triton.runtime.build import compile_module_from_src
 
-    compile_module_from_src(src=source, name="__triton_launcher", library_dirs=library_dirs(),
-                            include_dirs=include_dirs, libraries=libraries)
+    compile_module_from_src(src=source, name=name, library_dirs=library_dirs(), include_dirs=include_dirs,
+                            libraries=libraries)
 
 
 def compile_specialization(fn, spec, target: GPUTarget) -> dict:
