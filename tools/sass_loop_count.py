@@ -13,6 +13,7 @@ unmasked loop is the one nearly every program runs. Used in benchmarks/NOTES.md.
                                                           # against the unmasked loop
     python tools/sass_loop_count.py --all      # the three in turn (benchmarks/results/cpu_sass_loops.txt)
     python tools/sass_loop_count.py --width=8 --spills   # the same for the picks of another width (SiLU)
+    python tools/sass_loop_count.py --width=5 --no-silu --segment-ids   # ... without the activation
 """
 
 import collections
@@ -27,7 +28,7 @@ import triton  # noqa: E402
 from compile_report import BWD_SIG, CUOBJDUMP, FWD_SIG, FWD_STRIDES, SEED_WIDTH, TARGET  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-# the taps' width and activation of the compiled kernels (--width=N changes W)
+# the taps' width and activation of the compiled kernels (--width=N changes W, --no-silu the activation)
 WIDTH = dict(SEED_WIDTH)
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, forward as triton_forward, tuning  # noqa: E402
@@ -139,6 +140,8 @@ def main():
     for a in args:
         if a.startswith("--width="):
             WIDTH["W"] = int(a.split("=", 1)[1])
+    if "--no-silu" in args:
+        WIDTH["ACT"] = 0
     if "--all" in args:  # what benchmarks/results/cpu_sass_loops.txt holds: the three reports in turn
         loop_report(args)
         spill_report()
