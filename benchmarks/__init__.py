@@ -1,3 +1,2 @@
-"""cakeconv's benchmarks, run from the repository root as ``python -m benchmarks.<op|model_step|first_step>`` and
-``torchrun ... -m benchmarks.kcp`` (benchmarks/README.md); timing.py holds the protocol they share, report.py what
-they write."""
+"""cakeconv's benchmarks: ``python -m benchmarks.<op|model_step|first_step>``, ``torchrun ... -m benchmarks.kcp``
+(benchmarks/README.md); timing.py holds the protocol they share, report.py what they write."""

@@ -1,8 +1,7 @@
 """The first training step from a cold start: cakeconv beside flash-linear-attention and Dao's causal-conv1d.
 
 Each row (a library) runs in a fresh process (``python -m benchmarks.first_step --child``, cwd the repository root)
-on its own empty ``TRITON_CACHE_DIR``, then in a second one on the now warm cache; the parent imports no torch.
-"""
+on its own empty ``TRITON_CACHE_DIR``, then in a second one on the now warm cache; the parent imports no torch."""
 
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ ROW_FIELDS = (
     "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms", "steady_max_ms", "steady_calls",
     *(f"{p}_{k}" for p in KERNELS for k in ("compiled", "cache_hits")), "triton_compile_s", "warm_cache_import_s",
     "warm_cache_first_call_s", "warm_cache_first_step_s", "warm_cache_compiled", "warm_cache_cache_hits", "gpu",
-    "kernels_ready_s",
-    "cold_process_s", "warm_process_s", "profile_process_s", "warm_profile", "device", "torch", "triton", "date",
-    "commit")
+    "kernels_ready_s", "cold_process_s", "warm_process_s", "profile_process_s", "warm_profile", "device", "torch",
+    "triton", "date", "commit")
 OPTIONS = (  # (name, default, help)
     ("libraries", ",".join(LIBRARIES), "rows, in order (benchmarks/README.md): cakeconv_no_quick sets "
      "CAKECONV_QUICK_KERNELS=0, cakeconv_one_thread CAKECONV_COMPILE_THREADS=1, cakeconv_after_warmup runs python "
@@ -100,9 +98,8 @@ class CompileCounter:
 
 
 def load_library(name: str, backend: str):
-    """(version, prepare(inputs), op(inputs) -> y [S, C]): cakeconv on x [S, C]; FLA's Triton causal_conv1d on
-    [1, S, C] with its chunk_indices (made with the inputs, as its layers do per batch); Dao's causal_conv1d_fn on
-    the channel-last [1, C, S] view with seq_idx (int32 [1, S], each token's document)."""
+    """(version, prepare(inputs), op(inputs) -> y [S, C]): cakeconv on x [S, C]; FLA on [1, S, C] with chunk_indices
+    made with the inputs (as its layers do per batch); Dao on the channel-last [1, C, S] view with seq_idx."""
     import torch
     if name.startswith("cakeconv"):
         import cakeconv
@@ -217,8 +214,7 @@ def child_main(args) -> None:
 
 
 def run_file(args, cmd, library: str, work: str, path: str) -> tuple:
-    """``report.run_child`` of ``cmd`` from the repository root on the row's cache ``work``, with the row's variables
-    (those of the other rows unset)."""
+    """``report.run_child`` of ``cmd`` from the repository root on the cache in ``work``, only the row's variables."""
     variables = {**dict.fromkeys(("CAUSAL_CONV1D_DETERMINISTIC", "CAKECONV_COMPILE_THREADS", "CAKECONV_QUICK_KERNELS")),
                  **ROW_ENV.get(library, {}), "TRITON_CACHE_DIR": os.path.join(work, "triton_cache"), "FLA_GLUON": "0"}
     return run_child(cmd, path, args.process_timeout, args.deadline, "--process-timeout", variables, REPO_ROOT)
@@ -230,8 +226,7 @@ def joined(*parts) -> str | None:
 
 
 def measure_row(args, library: str, work: str) -> dict:
-    """A row on the fresh cache ``work``: ``python -m cakeconv warmup`` into it (cakeconv_after_warmup), the cold
-    process, the warm one (when the cold one got through its first step)."""
+    """A row on the fresh cache ``work``: the warm-up (cakeconv_after_warmup), the cold process, the warm ones."""
     row = dict.fromkeys(ROW_FIELDS) | {"library": library}
     if library == "cakeconv_after_warmup":
         report = os.path.join(work, "warmup_report.json")
@@ -300,7 +295,6 @@ def main(argv=None) -> dict:
     if args.child:
         child_main(args)
         return {}
-    os.makedirs(args.out, exist_ok=True)
     args.deadline = time.perf_counter() + args.time_limit if args.time_limit > 0 else float("inf")
     rows = []
     for library in args.libraries:

@@ -1,12 +1,10 @@
 """Context-parallel (KCP) causal conv1d + SiLU against the rank's local op, per layout; one process per GPU.
 
     torchrun --standalone --nproc-per-node 2 -m benchmarks.kcp --tokens 131072 --name h200x2_kcp
-    torchrun --standalone --nproc-per-node 2 -m benchmarks.kcp --dry-run       (CPU, gloo, backend reference)
     python -m benchmarks.kcp --replot RUN.jsonl [--out DIR]                   (the PNG again, no GPU)
 
-Per layout and form (single; multi: q, k, v in one call): KCP y and dx bitwise against the single-rank op on
-every rank, then GPU time, eager loop and host cost per call against the rank's local op, each the slowest rank's
-median (benchmarks/README.md). Shapes: T tokens, S local rows, C channels, P ranks.
+Per layout and form (single; multi: q, k, v in one call): KCP y and dx bitwise the single-rank op's, then GPU time,
+eager loop and host cost against the local op, the slowest rank's medians. T tokens, S local rows, C channels, P ranks.
 """
 
 from __future__ import annotations
@@ -84,8 +82,8 @@ def doc_lengths(tokens: int, layout: str | None, P: int) -> list[int]:
 
 
 def shape(args, tokens: int, C: int, layout: str, P: int, device, seed: int):
-    """(doc lengths, cu_N1, KCP context, inputs, chain taps): inputs 3 x (x_TC, dy_TC, w_C4, b_C), the same on every
-    rank, bf16 x, dy of fp32 N(0, 1), fp32 taps N(0, 0.25), bias N(0, 0.04); taps {subject: [[(w, b)] per call]}."""
+    """(doc lengths, cu_N1, KCP context, 3 x (x_TC, dy_TC bf16 N(0, 1), w_C4 N(0, 0.25), b_C N(0, 0.04)) the same on
+    every rank, chain taps {subject: [[(w, b)] per call]})."""
     lengths = doc_lengths(tokens, layout, P)
     cu_N1 = torch.tensor(list(itertools.accumulate(lengths, initial=0)), dtype=torch.int32, device=device)
     gens = [torch.Generator(device=device).manual_seed(s) for s in (seed, seed + 7)]
@@ -168,8 +166,8 @@ def check_layout(ctx, inputs, cu_N1, backend, device, layout) -> dict:
 
 
 def time_gpu(operands: dict, clock: RankClock, args, device) -> dict:
-    """Medians ``{subject}_{fwd,bwd,fwdbwd,host_ms}`` of operands {subject: (op, xs, wbs, dys)}, interleaved; the
-    auto window: auto_ahead_us of the largest host time of one iteration after the warm-up, over ranks."""
+    """Medians ``{subject}_{fwd,bwd,fwdbwd,host_ms}`` of operands {subject: (op, xs, wbs, dys)}, interleaved; window:
+    auto_ahead_us of the largest host time of one iteration after the warm-up, over ranks."""
 
     def step(op, xs, wbs, dys):  # .grad to None outside the span: no accumulation kernel is timed
         for t in xs + [t for wb in wbs for t in wb]:
@@ -352,8 +350,7 @@ def write_outputs(rows, env, args, elapsed: float) -> None:
 
 
 def run(argv=None) -> list[dict]:
-    """The timing rows (the same on every rank; rank 0 writes the outputs), in the process group already there, or
-    in one of its own (destroyed at the end). ValueError: a bad option, or no GPU without --dry-run."""
+    """The timing rows (every rank; rank 0 writes), in the process group there or its own; ValueError: bad options."""
     args, t_start = parse_args(argv), time.perf_counter()
     device, owns_group, env = setup(args)
     try:

@@ -1,9 +1,7 @@
 """Training-step time of real layers and models with the library's own conv, cakeconv, and no conv.
 
-FLA's KDA layer and KDAForCausalLM, mamba_ssm's Mamba2 layer, and their convs alone; the variants from one seed on
-the same packed batches, timed in ``timing.wall_samples`` rounds after a determinism check (distinct gradient
-digests over repeats); KDA in one process, each mamba_ssm mode in its own. benchmarks/README.md has the protocol.
-"""
+FLA's KDA layer and KDAForCausalLM, mamba_ssm's Mamba2 layer, and their convs alone, timed in ``timing.wall_samples``
+rounds after a determinism check; KDA in one process, each mamba_ssm mode in its own (benchmarks/README.md)."""
 
 from __future__ import annotations
 
@@ -142,8 +140,8 @@ def skip_all(variants, reason):
 
 
 def kda_variants(args, device, dtype, workload) -> list:
-    """KimiDeltaAttention (loss sum(o * dy)), KDAForCausalLM or the layer's q, k, v ShortConvolutions alone: fla,
-    cakeconv (swap_short_convolutions) from the seed, noconv (use_short_conv=False) with fla's other weights."""
+    """KimiDeltaAttention (loss sum(o * dy)), KDAForCausalLM or the layer's q, k, v convs: fla, cakeconv (swapped),
+    noconv (use_short_conv=False) with fla's other weights."""
     from cakeconv.integrations.fla import swap_short_convolutions
     H, hd, S, heads = args.kda_hidden, args.kda_head_dim, args.tokens, args.kda_hidden // args.kda_head_dim
     if workload == "kda_layer":
@@ -440,8 +438,7 @@ def run_part(args) -> dict:
 
 
 def start_part(args, part, mode, path, deadline: float) -> dict:
-    """The part's process with ``mode``'s variables (``report.run_child``): what it wrote, with ``rc`` and
-    ``seconds``."""
+    """The part's process with ``mode``'s variables (``report.run_child``): what it wrote, ``rc`` and ``seconds``."""
     variables = MODE_ENV[mode] if mode else {}
     cmd = [sys.executable, "-m", "benchmarks.model_step", *args.argv, "--part", part, "--part-out", path]
     progress(f"part {part}{f' ({mode})' if mode else ''} {' '.join(f'{k}={v}' for k, v in variables.items())}")

@@ -5,13 +5,8 @@
     python -m benchmarks.op --replot benchmarks/results/h200_mixes.jsonl --out /tmp/x
 
 Floor bytes (bf16 x): fwd 4*S*C, bwd 6*S*C, fwd+bwd 10*S*C; fraction = floor bytes / median time / copy bandwidth
-(the higher of the start and end readings). GPU time (timing.py), eager loop (--eager) and host cost (--host-cost),
-after a check against an FP32 reference with FP64 reductions. A provider is timed as a user calls it: fwd = the op
-under no_grad, fwd+bwd = the op then autograd.grad, bwd = autograd.grad over graphs built before the timed region
-(ours: its train_forward / train_backward entry points). fla: FLA's Triton causal_conv1d (FLA_GLUON=0); dao,
-dao_det: Dao's causal_conv1d_fn (W = 2..4) on the channel-last view with seq_idx, CAUSAL_CONV1D_DETERMINISTIC 0 / 1
-set around each call. Writes <name>.jsonl (env, timing and check rows), .csv, _table.txt, .png, .partial.jsonl.
-"""
+(the higher of the start and end readings). GPU time, eager loop and host cost after a check against an FP32
+reference (benchmarks/README.md). Writes <name>.jsonl, .csv, _table.txt, .png, .partial.jsonl."""
 
 from __future__ import annotations
 
@@ -136,8 +131,7 @@ CSV_FIELDS = list(ENV_FIELDS) + [
 
 
 def target_steps(mix: str, pass_: str) -> list:
-    """[(C_lo, C_hi or None, target)] of SPEC section 7 for a GPU-time pass at a mix (short documents: uniform
-    1-8, 1-64, 1-1,024 and all of length 1)."""
+    """[(C_lo, C_hi or None, target)] of SPEC 7 for a GPU-time pass at a mix (short: uniform up to 1-1024, ones)."""
     short = mix == "ones" or (mix.startswith("uniform:") and int(mix.split("-")[-1]) <= 1024)
     return TARGETS.get(("seed" if mix == "seed" else "short" if short else None, pass_), [])
 
@@ -476,8 +470,8 @@ def check_shape(sh: Shape, active: list, use_bias: bool, notes: list) -> list[di
 
 
 def provider_forms(p, sh: Shape, use_bias: bool, st, modes, notes: list, failed: str) -> dict:
-    """{(p.name, form): (fn, calls)} of eager_forms (x, st.chain taps and biases as leaves, samples inside p.around),
-    ours' ``ws`` too with nograd (the host cost); {} with a note (``failed``) when p fails to set up."""
+    """{(p.name, form): (fn, calls)} of eager_forms (leaves: x, st.chain taps and biases) inside p.around, ours' ``ws``
+    too with nograd (the host cost); {} with a note (``failed``) when p fails to set up."""
     try:
         x0, dy0 = sh.sets[0]
         x_leaf, dy = p.to_layout(x0, sh).detach().requires_grad_(), p.to_layout(dy0, sh)

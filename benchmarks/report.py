@@ -1,7 +1,5 @@
 """What every benchmark writes: the run's environment (date, commit, GPU, torch, triton, Python, host), progress on
-stderr, JSON lines, CSV, JSON, text tables, plots; and the op benchmark's table and plot (op.py measures).
-The commit is BENCH_COMMIT when set (the GPU machine's copy of the tree may have no matching .git), else
-``git rev-parse HEAD`` (-dirty when cakeconv/ or benchmarks/ have changes), else None."""
+stderr, JSON lines, CSV, JSON, text tables, plots; and the op benchmark's table and plot (op.py measures)."""
 
 from __future__ import annotations
 
@@ -50,7 +48,7 @@ def _git(*args: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """The commit of the measured tree (see the module docstring)."""
+    """BENCH_COMMIT (a copy of the tree may have no .git), else HEAD (-dirty: cakeconv/ or benchmarks/ changed)."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     head = _git("rev-parse", "--short=12", "HEAD")
@@ -123,8 +121,7 @@ def write_result_files(out_dir: str, name: str, result: dict, text: str) -> None
 
 
 def option_parser(doc: str, options, internal=()) -> argparse.ArgumentParser:
-    """A parser of ``options`` [(name, default, help)], each typed by its default, and of the hidden ``internal``
-    ones (what a benchmark passes its own processes)."""
+    """A parser of ``options`` [(name, default, help)] typed by their defaults, and hidden ``internal`` ones."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     for name, default, text in options:
         p.add_argument("--" + name, type=type(default), default=default, help=f"{text} (default: {default or 'none'})")
@@ -134,10 +131,9 @@ def option_parser(doc: str, options, internal=()) -> argparse.ArgumentParser:
 
 
 def run_child(cmd: list, path: str, timeout: float, deadline: float, limits: str, variables=None, cwd=None) -> tuple:
-    """``cmd`` with the repository on PYTHONPATH and ``variables`` set (None: unset), in its own process group, its
-    stdout on stderr, killed with its group after ``timeout`` s or at ``deadline`` (perf_counter; nothing starts
-    in its last 10 s): (the JSON it wrote to ``path``, then removed, or {}; its exit status or why it ended; its
-    seconds or None)."""
+    """``cmd`` in its own process group, the repository on PYTHONPATH, ``variables`` set (None: unset), stdout on
+    stderr, killed after ``timeout`` s or at ``deadline`` (perf_counter; none starts in its last 10 s): (the JSON it
+    wrote to ``path``, then removed, or {}; its exit status or why it ended; its seconds or None)."""
     left = deadline - time.perf_counter()
     if left < 10:
         return {}, "not started: --time-limit spent", None
@@ -390,8 +386,7 @@ def _c_panel(ax, sel, mix, method, p_, sweep_s, target_steps):
 
 
 def _w_panel(ax, cur, mix, p_, C):
-    """GPU-time fraction of copy against W at one mix, pass and C: a line per provider and activation (dashed:
-    none); dotted, 0.97 x ours at W = 4 + SiLU (SPEC 7's widths target)."""
+    """Fraction of copy against W, a line per provider and activation (dashed: none); dotted: 0.97 x ours' W4 SiLU."""
     for prov, act in itertools.product(PROVIDERS, ("silu", "none")):
         pts = sorted((r["width"], r["fraction"]) for r in cur if (r["mix"], r["pass"], r["C"], r["provider"],
                                                                   r["activation"]) == (mix, p_, C, prov, act))

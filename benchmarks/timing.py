@@ -1,13 +1,7 @@
-"""The timing protocol the benchmarks (and the kernel tools) share; benchmarks/README.md has the long form.
-
-Copy bandwidth: ``dst.copy_(src)`` of a large bf16 tensor, bytes read + written, the median of several calls.
-Cold L2: before each timed call, outside its span, a read of a 256 MiB buffer evicts the L2 (no dirty lines).
-Host queued ahead: before each timed call ``torch.cuda._sleep`` holds the GPU while the host enqueues the whole
-call; the ``auto`` window is ``HOST_AHEAD_FACTOR`` x the host time to enqueue it, within ``HOST_AHEAD_MIN_US`` ..
-``HOST_AHEAD_MAX_US``. Eager loop: no sleep; wall time between two synchronisations (``eager_forms``), subjects
-sampled in an order that rotates every round. On the CPU the marks are ``time.perf_counter`` readings and
-nothing sleeps or evicts.
-"""
+"""The timing protocol the benchmarks (and the kernel tools) share (benchmarks/README.md has the long form): copy
+bandwidth (``dst.copy_(src)``, bytes read + written), cold L2 (a 256 MiB read before each timed call), the host queued
+ahead (``torch.cuda._sleep`` for HOST_AHEAD_FACTOR x the host time to enqueue the call, clamped), the eager loop (wall
+time between two synchronisations, rotating order). On the CPU: perf_counter marks, no sleep, no eviction."""
 
 from __future__ import annotations
 
@@ -25,8 +19,7 @@ HOST_AHEAD_MAX_US = 200000.0
 
 
 class DeviceClock:
-    """Marks around calls (CUDA events on a GPU, perf_counter on the CPU), the L2 eviction and the host-ahead
-    sleep."""
+    """Marks around calls (CUDA events; perf_counter on the CPU), the L2 eviction and the host-ahead sleep."""
 
     def __init__(self, torch, device, flush: bool):
         self.torch, self.device, self.cuda = torch, device, device.type == "cuda"
@@ -163,9 +156,8 @@ def eager_forms(torch, call, x, dy, params, chain: int, calls: int, modes) -> di
 
 
 def wall_samples(subjects: dict, rounds: int, warmup: int, before, after, on_error=None) -> dict:
-    """{key: [ms per call]} of subjects {key: (fn, calls)} sampled round by round (rotating order): one sample
-    = before(), fn(), after(), timed. The first ``warmup`` rounds are dropped. A subject that raises is dropped
-    with on_error(key, exc) when on_error is given, else the exception propagates."""
+    """{key: [ms per call]} of subjects {key: (fn, calls)}, rounds in rotating order, a sample = before(), fn(), after()
+    timed; the first ``warmup`` rounds dropped; a subject that raises: dropped with on_error(key, exc), else raised."""
     keys = list(subjects)
     out, dead = {k: [] for k in keys}, set()
     for r in range(warmup + rounds):
@@ -193,8 +185,7 @@ def wall_samples(subjects: dict, rounds: int, warmup: int, before, after, on_err
 
 
 def full_kernels_ready() -> None:
-    """Wait for cakeconv's background compile, if any (its first training steps run quick twins of its
-    kernels until the full ones are compiled): timed rounds time the full kernels."""
+    """Wait for cakeconv's background compile of its full kernels, if any: timed rounds time those, not quick twins."""
     ahead = sys.modules.get("cakeconv.cake_causal_conv1d_det_train_backend.compile_ahead")
     if ahead is not None:
         ahead.wait_for_kernels()
