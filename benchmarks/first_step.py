@@ -18,7 +18,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
-from benchmarks.report import (REPO_ROOT, cell, ended, option_parser, package_version,  # noqa: E402
+from benchmarks.report import (REPO_ROOT, cell, choices, ended, option_parser, package_version,  # noqa: E402
                                run_child, run_stamp, stamped, write_json, write_result_files)
 
 LIBRARIES = ("cakeconv", "cakeconv_no_quick", "cakeconv_one_thread", "cakeconv_after_warmup", "fla", "dao", "dao_det")
@@ -63,10 +63,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.dry_run:
         args.tokens, args.steady_calls = 2048, 5
-    args.libraries = [s.strip() for s in args.libraries.split(",") if s.strip()]
-    unknown = [lib for lib in args.libraries if lib not in LIBRARIES]
-    if unknown:
-        p.error(f"unknown libraries {unknown}: use {', '.join(LIBRARIES)}")
+    args.libraries = choices(args.libraries, LIBRARIES, "libraries")
     if args.channels % 8 or args.new_channels % 8 or args.channels == args.new_channels:
         p.error("--channels and --new-channels must be two different multiples of 8")
     return args

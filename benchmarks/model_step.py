@@ -19,9 +19,9 @@ import types
 
 import torch
 
-from benchmarks.op import SEED_MEAN_LEN, mix_lengths, parse_mix
-from benchmarks.report import (REPO_ROOT, cell, ended, option_parser, package_version, run_child, run_environment,
-                               stamped, write_json, write_result_files)
+from benchmarks.op import document_lengths, parse_mixes
+from benchmarks.report import (REPO_ROOT, cell, choices, ended, option_parser, package_version, run_child,
+                               run_environment, stamped, write_json, write_result_files)
 from benchmarks.timing import percentile, wall_samples
 
 VARIANTS = {  # per workload; the first is the library's own conv (the base of "vs lib")
@@ -70,23 +70,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     vars(args).update(DRY if args.dry_run else {})
-    for what, given, known in (("workload", args.workloads, VARIANTS), ("part", args.parts, PART_WORKLOADS),
-                               ("mamba mode", args.mamba_modes, MODE_ENV)):
-        for name in [n for n in split(given) if n not in known][:1]:
-            p.error(f"unknown {what} {name!r}: use {', '.join(known)}")
-    mixes = {"kda": args.kda_mixes, "mamba": args.mamba_mixes}  # plan: part -> (workloads, canonical mixes)
-    args.plan = {part: ([w for w in ws if w in split(args.workloads)], [parse_mix(m) for m in split(mixes[part])])
-                 for part, ws in PART_WORKLOADS.items()}
+    choices(args.mamba_modes, MODE_ENV, "mamba-modes")  # checked here, split again in main
+    workloads, parts = choices(args.workloads, VARIANTS, "workloads"), choices(args.parts, PART_WORKLOADS, "parts")
+    mixes = {"kda": args.kda_mixes, "mamba": args.mamba_mixes}
+    args.plan = {part: ([w for w in ws if w in workloads], parse_mixes([mixes[part]]))  # the parts run, in order
+                 for part, ws in PART_WORKLOADS.items() if part in parts}
     return args
-
-
-def split(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def document_lengths(mix: str, S: int, seed: int) -> list[int]:
-    """Lengths of ``mix``'s documents summing to S (a mix of ``benchmarks.op``)."""
-    return mix_lengths(parse_mix(mix), S, seed, mean_len=SEED_MEAN_LEN)
 
 
 def make_batches(args, mix: str) -> list[dict]:
@@ -479,8 +468,8 @@ def main(argv=None) -> dict:
     os.makedirs(args.out, exist_ok=True)
     rows, done = [], []
     deadline = time.perf_counter() + args.time_limit if args.time_limit > 0 else float("inf")
-    for part in [p for p in PART_WORKLOADS if p in split(args.parts) and args.plan[p][0]]:
-        for mode in split(args.mamba_modes) if part == "mamba" else [None]:
+    for part in [p for p, (workloads, _) in args.plan.items() if workloads]:
+        for mode in choices(args.mamba_modes, MODE_ENV, "mamba-modes") if part == "mamba" else [None]:
             path = os.path.abspath(os.path.join(args.out, f"{args.name}.{part}{'_' + mode if mode else ''}.part.json"))
             found = start_part(args, part, mode, path, deadline)
             env, rc, (workloads, mixes) = found.get("env") or {}, found["rc"], args.plan[part]

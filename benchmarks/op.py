@@ -25,8 +25,9 @@ import zlib
 
 import torch
 
-from benchmarks.report import (BASE_WA, PASS_LABEL, PASSES, PEERS, PROVIDERS, REPO_ROOT, fmt_secs, log, note, op_plots,
-                               op_table, package_version, read_jsonl, row_key, run_environment, write_csv, write_jsonl)
+from benchmarks.report import (BASE_WA, PASS_LABEL, PASSES, PEERS, PROVIDERS, REPO_ROOT, choices, fmt_secs, log, note,
+                               op_plots, op_table, package_version, read_jsonl, row_key, run_environment, write_csv,
+                               write_jsonl)
 from benchmarks.timing import (HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth, eager_forms, percentile, time_gpu,
                                wall_samples)
 
@@ -83,9 +84,14 @@ def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
     raise ValueError(f"unknown mix {mix!r}")
 
 
+def document_lengths(mix: str, S: int, seed: int) -> list[int]:
+    """Lengths of the documents of ``mix`` (a --doc-mix token) summing to S."""
+    return mix_lengths(parse_mix(mix), S, seed, mean_len=SEED_MEAN_LEN)
+
+
 def mix_cu(S: int, mix: str, seed: int, device="cuda"):
     """cu_seqlens (int32 [N+1], on ``device``) of the benchmark's document mix ``mix`` (a --doc-mix token)."""
-    lens = mix_lengths(parse_mix(mix), S, seed, mean_len=SEED_MEAN_LEN)
+    lens = document_lengths(mix, S, seed)
     return torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
 
 
@@ -635,21 +641,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _choices(text, allowed, what, need_one=False) -> list:
-    """The items of a comma list, each once, in order, each among ``allowed`` (else SystemExit)."""
-    out = list(dict.fromkeys(v.strip().lower() for v in str(text).split(",") if v.strip()))
-    if [v for v in out if v not in allowed] or (need_one and not out):
-        raise SystemExit(f"--{what}: {[v for v in out if v not in allowed] or text!r} not among {', '.join(allowed)}")
-    return out
-
-
 def settings(st):
     """The parsed options with the run's settings resolved (--dry-run changes the defaults); SystemExit if bad."""
     dry = st.dry_run
     if not dry and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --dry-run to exercise the pipeline on the CPU")
     st.device = torch.device("cpu") if dry else torch.device("cuda", torch.cuda.current_device())
-    st.passes = [p for p in _choices(st.passes, PASSES + ("none",), "passes") if p != "none"]
+    st.passes = [p for p in choices(st.passes, PASSES + ("none",), "passes") if p != "none"]
     st.mixes, st.eager_mixes = parse_mixes(st.doc_mix), st.eager_mix and parse_mixes(st.eager_mix)
     if set(st.eager_mixes or []) - set(st.mixes):
         raise SystemExit(f"--eager-mix {st.eager_mixes} not all among the run's mixes {st.mixes}")
@@ -668,11 +666,10 @@ def settings(st):
     st.shapes += [sc for sc in dict.fromkeys(extra) if sc not in st.shapes]
     if any(c % 8 for _, c in st.shapes):
         raise SystemExit(f"C must be a multiple of 8, got {[c for _, c in st.shapes if c % 8]}")
-    st.widths = [int(w) for w in _choices(st.width, [str(w) for w in WIDTHS], "width", True)]
-    st.activations = _choices(st.activation, ACTIVATIONS, "activation", True)
+    st.widths = [int(w) for w in choices(st.width, [str(w) for w in WIDTHS], "width", True)]
+    st.activations = choices(st.activation, ACTIVATIONS, "activation", True)
     st.width_acts = [(w, a) for w in st.widths for a in st.activations]
-    st.sleeping = st.device.type == "cuda" and hasattr(torch.cuda, "_sleep")  # the host-ahead sleep runs
-    st.providers = _choices(st.providers, PROVIDERS, "providers")
+    st.providers = choices(st.providers, PROVIDERS, "providers")
     st.bias_variants = {"both": [False, True], "no": [False], "yes": [True]}[st.bias]
     st.eager_c = {int(c) for c in st.eager_c.split(",") if c} if st.eager_c else None
     st.backend, st.name = "reference" if dry else "auto", st.name or "op"
@@ -726,7 +723,7 @@ def run_grid(st, provs, clock, notes, record, checks, t_start) -> None:
                 if name not in g.failed and ts:
                     record({**sh.row_base(use_bias), "method": "gpu", "pass": p_, "provider": name, "times": ts,
                             "host_ms": statistics.median(g.host_times[(name, p_)]), "n_sets": len(sh.sets),
-                            "host_ahead_us": g.window_us[(name, p_)] if st.sleeping else 0.0})
+                            "host_ahead_us": g.window_us[(name, p_)] if clock.can_sleep else 0.0})
                     summary.append(f"{name}:{PASS_LABEL[p_]}={statistics.median(ts):.3f}ms")
             if st.eager and (st.eager_c is None or sh.C in st.eager_c) and sh.mix in (st.eager_mixes or [sh.mix]):
                 for (name, mode), ts in eager_at_shape(sh, active, use_bias, st, clock.sync, notes).items():
@@ -836,7 +833,7 @@ def main(argv=None) -> int:
     rows = add_speedups([timing_row(env, copy_gbs, r, statistics.median(r["times"]), r["times"],
                                     *((st.warmup, True) if r["method"] == "gpu" else (None, False)))
                          for r in results])
-    gpu = [r for r in rows if r["method"] == "gpu"] if st.sleeping else []  # host times near their windows
+    gpu = [r for r in rows if r["method"] == "gpu"] if clock.can_sleep else []  # host times near their windows
     slow = sorted((r for r in gpu if r["host_ms"] > 0.8 * r["host_ahead_us"] * 1e-3), key=lambda r: -r["host_ms"])
     if slow:
         notes.append(f"{len(slow)} rows took the host longer than 80% of their host-ahead window to enqueue "

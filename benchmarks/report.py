@@ -130,6 +130,14 @@ def option_parser(doc: str, options, internal=()) -> argparse.ArgumentParser:
     return p
 
 
+def choices(text, allowed, what: str, need_one: bool = False) -> list:
+    """The items of a comma list, each once, in order, each among ``allowed`` (else SystemExit naming ``--what``)."""
+    out = list(dict.fromkeys(v.strip().lower() for v in str(text).split(",") if v.strip()))
+    if [v for v in out if v not in allowed] or (need_one and not out):
+        raise SystemExit(f"--{what}: {[v for v in out if v not in allowed] or text!r} not among {', '.join(allowed)}")
+    return out
+
+
 def run_child(cmd: list, path: str, timeout: float, deadline: float, limits: str, variables=None, cwd=None) -> tuple:
     """``cmd`` in its own process group, the repository on PYTHONPATH, ``variables`` set (None: unset), stdout on
     stderr, killed after ``timeout`` s or at ``deadline`` (perf_counter; none starts in its last 10 s): (the JSON it
