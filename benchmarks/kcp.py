@@ -105,11 +105,8 @@ def setup(args):
         raise ValueError("no CUDA device: run with --dry-run to exercise the benchmark on the CPU")
     device, want = torch.device("cpu"), "nccl" if use_cuda else "gloo"
     if use_cuda:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if dist.is_initialized() and "LOCAL_RANK" not in os.environ:
-            local_rank = dist.get_rank() % torch.cuda.device_count()
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # torchrun's
+        torch.cuda.set_device(device)
     if owns_group := not dist.is_initialized():  # torchrun's ranks, or a plain `python -m`: one rank
         dist.init_process_group(want, **({} if "WORLD_SIZE" in os.environ else
                                          {"store": dist.HashStore(), "rank": 0, "world_size": 1}))
@@ -123,9 +120,7 @@ def setup(args):
 
 
 class RankClock(DeviceClock):
-    """timing.DeviceClock across ranks: ``barrier()`` leaves the device idle and every rank there; the window."""
-
-    host_ahead_us = 0.0
+    """timing.DeviceClock across ranks: ``barrier()`` leaves the device idle and every rank there."""
 
     def barrier(self) -> None:
         self.sync()

@@ -162,8 +162,8 @@ class Shape:
         self.lengths = mix_lengths(mix, S, shape_seed(seed, S, C), mean_doc_len)
         self.n_docs, self.doc_min, self.doc_max = len(self.lengths), min(self.lengths), max(self.lengths)
         self.cu = torch.tensor(list(itertools.accumulate(self.lengths, initial=0)), dtype=torch.int32, device=device)
-        self.pos = torch.arange(S, dtype=torch.int64, device=device) - torch.repeat_interleave(  # in its document
-            self.cu[:-1].to(torch.int64), torch.tensor(self.lengths, dtype=torch.int64, device=device))
+        doc = torch.arange(self.n_docs, device=device).repeat_interleave(torch.tensor(self.lengths, device=device))
+        self.seq_idx, self.pos = doc.to(torch.int32).view(1, S), torch.arange(S, device=device) - self.cu.long()[doc]
         gen = torch.Generator(device=device).manual_seed(shape_seed(seed, S, C))
         self.sets = [(_normal(gen, (S, C)), _normal(gen, (S, C)))
                      for _ in range(max(2, min(max_sets, math.ceil(8 * l2_bytes / max(1, 2 * S * C * 2)))))]
@@ -370,10 +370,7 @@ def load_providers(st, notes: list) -> tuple:
                             "bash benchmarks/device_run.sh peers ...")
                 continue
             provs.append(Provider(name, lambda x, w, b, sh: causal_conv1d_fn(
-                x, w, b, seq_idx=sh.extra["dao_seq_idx"], activation=sh.activation), layout="CS",
-                prepare=lambda sh: {"dao_seq_idx": torch.repeat_interleave(
-                    torch.arange(sh.n_docs, dtype=torch.int32, device=sh.device),
-                    torch.tensor(sh.lengths, dtype=torch.int64, device=sh.device)).view(1, sh.S).contiguous()},
+                x, w, b, seq_idx=sh.seq_idx, activation=sh.activation), layout="CS",
                 env=("CAUSAL_CONV1D_DETERMINISTIC", "1" if name == "dao_det" else "0"),
                 supports=lambda width, activation: None if width in (2, 3, 4) else
                 f"causal_conv1d_fn takes W = 2..4, not {width}"))
