@@ -396,7 +396,6 @@ def workload_rows(args, workload, mix, mode, variants, batches, device) -> list[
     return rows
 
 
-
 def run_part(args) -> dict:
     """One part in this process, bf16 on a GPU; --part-out is rewritten after every workload and mix."""
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")

@@ -91,8 +91,7 @@ def document_lengths(mix: str, S: int, seed: int) -> list[int]:
 
 def mix_cu(S: int, mix: str, seed: int, device="cuda"):
     """cu_seqlens (int32 [N+1], on ``device``) of the benchmark's document mix ``mix`` (a --doc-mix token)."""
-    lens = document_lengths(mix, S, seed)
-    return torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    return torch.tensor([0] + document_lengths(mix, S, seed), dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
 
 
 def sweep_cu(S: int, seed: int, mean: int = SEED_MEAN_LEN, device="cuda"):

@@ -411,9 +411,8 @@ def _w_panel(ax, cur, mix, p_, C):
 
 
 def op_plots(rows, sweep_s, env, out_dir, notes, stem, target_steps) -> list[str]:
-    """[<stem>.png]: fraction of copy against C at S = sweep_s and W = 4 + SiLU (else the first (W, activation)), a
-    row per mix, a panel per GPU-time pass and eager form (beside it, dotted, GPU time of fwd+bwd); with several
-    widths, against W instead: a row per mix, a panel per pass and C."""
+    """[<stem>.png]: fraction of copy against C at S = sweep_s, W = 4 + SiLU (or the first), a row per mix, a panel
+    per GPU-time pass and eager form; with several widths against W, a row per mix, a panel per pass and C."""
     sel = [r for r in rows if r["S"] == sweep_s and r["method"] in ("gpu", "eager", "eager_step")]
     if not sel:
         notes.append(f"plot skipped: no GPU-time or eager rows at S={sweep_s}")

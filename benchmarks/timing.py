@@ -85,10 +85,9 @@ def rotation(items: list, round_index: int) -> list:
 
 
 def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, on_error):
-    """The rounds of ``calls`` [(provider, pass, fn(i): one call on input set i)] of one shape and bias: ``times``
-    and ``host_times`` (device and host ms of each timed call), ``window_us`` (the auto window) per (provider,
-    pass); ``failed``: the providers whose call raised (on_error(name, pass, exc)), left out of the rest;
-    ``counter``: the calls made so far over the run (the input set of a call: counter % n_sets)."""
+    """Rounds of ``calls`` [(provider, pass, fn(i): one call on input set i)]: ``times``, ``host_times`` (ms of each
+    timed call on the device, on the host) and ``window_us`` (auto) per (provider, pass); ``failed``: providers that
+    raised (on_error(name, pass, exc)), then left out; ``counter``: calls so far in the run (set: counter % n_sets)."""
     keys = [(p.name, p_) for p, p_, _ in calls]
     out = types.SimpleNamespace(times={k: [] for k in keys}, host_times={k: [] for k in keys},
                                 window_us=dict.fromkeys(keys, HOST_AHEAD_MIN_US), failed=set(), counter=counter)
@@ -125,10 +124,9 @@ def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, on
 
 
 def eager_forms(torch, call, x, dy, params, chain: int, calls: int, modes) -> dict:
-    """{form: (fn, calls per sample)} of the eager loop for one op, forms among ``modes``. call(y, i) runs the
-    i-th call of a chain; x (requiring grad) and dy are tensors or lists of them; each step sets the .grad of
-    ``params`` to None. chain: ``chain`` calls from x, one backward(dy); step: ``calls`` times one call(x, 0)
-    and its backward; nograd: ``calls`` forward calls call(x, 0) under no_grad."""
+    """{form in modes: (fn, calls per sample)} of the eager loop; call(y, i): the i-th call of a chain, x (requiring
+    grad), dy: tensors or lists; a step sets ``params``' .grad to None. chain: ``chain`` calls from x, one backward(dy);
+    step: ``calls`` x (call(x, 0), its backward); nograd: ``calls`` x call(x, 0) under no_grad."""
 
     def zero_grad():
         for t in params:
