@@ -454,11 +454,16 @@ def test_the_quick_twins_compile_for_sm90(tmp_path, monkeypatch, width, activati
 
 _COLD_STEPS = """
 import json, threading, time, torch
+import triton.runtime.build as build
 from triton import knobs
 from cakeconv import cake_causal_conv1d_det
-events = []
+events, builds, real_build = [], [], build._build
 knobs.compilation.listener = lambda *, src, metadata, metadata_group, times, cache_hit: events.append(
     (threading.current_thread() is threading.main_thread(), cache_hit))
+def recording_build(name, *args, **kwargs):  # the C modules (launchers, CUDA utilities) built, not found in the cache
+    builds.append((threading.current_thread() is threading.main_thread(), name))
+    return real_build(name, *args, **kwargs)
+build._build = recording_build
 from cakeconv.cake_causal_conv1d_det_train_backend.compile_ahead import wait_for_kernels
 C, seconds = 512, []
 for rounds in ("quick twins", "full kernels"):  # the second round after the background warm-ups ended
@@ -472,7 +477,9 @@ for rounds in ("quick twins", "full kernels"):  # the second round after the bac
         seconds.append(time.perf_counter() - t0)
     assert wait_for_kernels(600)
 print(json.dumps({"compiled_in_main": sum(m and not h for m, h in events),
-                  "compiled_in_workers": sum(not m and not h for m, h in events), "seconds": seconds}))
+                  "compiled_in_workers": sum(not m and not h for m, h in events), "seconds": seconds,
+                  "built_in_main": [name for m, name in builds if m],
+                  "built_in_workers": sum(not m for m, _ in builds)}))
 """
 
 
@@ -488,6 +495,9 @@ def test_gpu_a_cold_first_step_compiles_in_the_workers_only(tmp_path):
     # two regimes: their quick twins (4 + 4, with the index build and the group kernel) in this process's
     # workers; the full variants in the background warm-ups, then loaded from the cache by the launches
     assert result["compiled_in_main"] == 0 and result["compiled_in_workers"] >= 8, result
+    # the launchers of both tiers and Triton's CUDA utilities, built beside the twins' compile: the launches,
+    # the switch to the full kernels included, build none in the training thread
+    assert result["built_in_main"] == [] and result["built_in_workers"] >= 5, result
 
 
 @pytest.mark.gpu
