@@ -244,8 +244,8 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
 
     Returns:
         {"target", "kernels": [{"kernel", "front_end", "llvm", "ptxas", "total", "cache_hit"}...],
-        "compiled", "cache_hits", "launchers" (the kernels' launchers built into the cache, or why
-        not: they need the CUDA driver's library), "seconds", "cache_dir"}.
+        "compiled", "cache_hits", "launchers" (with target "auto": the kernels' launchers built into
+        the cache, or why not; else left to the launches), "seconds", "cache_dir"}.
 
     Raises:
         ValueError: a bad problem or target, or Triton's CPU interpreter is on (it compiles nothing).
@@ -290,8 +290,13 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
                     progress(f"  [{i}/{len(items)}] {name}: {times['total']:.1f} s ({how})")
     from .cake_causal_conv1d_det_train_backend.compile_ahead import build_launchers, write_marker
 
-    launchers = build_launchers([(name, spec) for name, spec, _ in items], n_jobs)  # (a GPU machine's)
-    launchers.join()
+    # the launchers of this machine's driver, for the GPU at hand only: a named target may be another machine's,
+    # and the compile ahead's background warm-up (which names it) runs beside a process that builds them itself
+    outcome = "launchers left to the launches (a named target)"
+    if target in (None, "", "auto"):
+        launchers = build_launchers([(name, spec) for name, spec, _ in items], n_jobs)
+        launchers.join()
+        outcome = launchers.outcome
     seconds = time.perf_counter() - start
 
     for problem in problems:  # a step of these problems (in these regimes) need not compile them ahead again
@@ -302,10 +307,10 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
                 write_marker(problem, tgt, regime)
     hits = sum(r["cache_hit"] for r in results)
     if progress:
-        progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {launchers.outcome}, "
+        progress(f"warmup: {len(results) - hits} compiled, {hits} already cached, {outcome}, "
                  f"{seconds:.1f} s")
     return {"target": f"sm_{tgt.arch}", "kernels": results, "compiled": len(results) - hits, "cache_hits": hits,
-            "launchers": launchers.outcome, "seconds": seconds, "cache_dir": _cache_dir()}
+            "launchers": outcome, "seconds": seconds, "cache_dir": _cache_dir()}
 
 
 def wait_for_kernels(timeout: float | None = None) -> bool:
