@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import cakeconv
-from benchmarks.report import REPO_ROOT, log, pyplot, read_jsonl, run_environment, text_table, write_csv, write_jsonl
+from benchmarks.report import REPO_ROOT, log, pyplot, read_jsonl, run_environment, write_csv, write_jsonl
 from benchmarks.timing import (HOST_AHEAD_MIN_US, DeviceClock, auto_ahead_us, eager_forms, full_kernels_ready, rotation,
                                wall_samples)
 
@@ -103,13 +103,12 @@ def setup(args):
     use_cuda = not args.dry_run and torch.cuda.is_available()
     if not args.dry_run and not use_cuda:
         raise ValueError("no CUDA device: run with --dry-run to exercise the benchmark on the CPU")
-    device, want = torch.device("cpu"), "nccl" if use_cuda else "gloo"
-    if use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # torchrun's
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if use_cuda else torch.device("cpu")
+    if use_cuda:  # LOCAL_RANK: torchrun's
         torch.cuda.set_device(device)
     if owns_group := not dist.is_initialized():  # torchrun's ranks, or a plain `python -m`: one rank
-        dist.init_process_group(want, **({} if "WORLD_SIZE" in os.environ else
-                                         {"store": dist.HashStore(), "rank": 0, "world_size": 1}))
+        dist.init_process_group("nccl" if use_cuda else "gloo", **({} if "WORLD_SIZE" in os.environ else
+                                                                 {"store": dist.HashStore(), "rank": 0, "world_size": 1}))
     env = run_environment(torch, device, "cpu")
     env.update(cakeconv=getattr(cakeconv, "__version__", None), backend=args.backend, world_size=dist.get_world_size(),
                process_group=str(dist.get_backend()), nccl=None, **{k: os.environ.get(k) for k in NVLS_OFF_ENV})
@@ -324,8 +323,9 @@ def write_outputs(rows, env, args, elapsed: float) -> None:
 
     def cell(v):
         return format(v, ".4g" if abs(v) < 1e4 else ".0f") if isinstance(v, float) else "-" if v is None else v
-    for title, keys in TABLES.items():
-        out += ["", title] + text_table(keys.split(), [[cell(r[k]) for k in keys.split()] for r in rows])
+    for title, keys in TABLES.items():  # markdown tables
+        out += ["", title, "| " + " | ".join(keys.split()) + " |", "|" + "---|" * len(keys.split())]
+        out += ["| " + " | ".join(str(cell(r[k])) for k in keys.split()) + " |" for r in rows]
     out += [""] + [f"# {r['layout']}: padded to {r['doc_lengths']} (+{r['pad_tokens']} tokens, T={r['T']})"
                    for r in rows if r["pad_tokens"] and r["form"] == "single"]
     out += ["# local = cake_causal_conv1d_det on the rank's S_local rows with ctx.local_cu_seqlens (no exchange); "

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import csv
 import datetime
+import functools
 import importlib.metadata
 import itertools
 import json
@@ -25,7 +26,6 @@ def log(msg: str) -> None:
 
 
 def note(notes: list, msg: str) -> None:
-    """Keep ``msg`` for the table's notes and log it now."""
     notes.append(msg)
     log("note: " + msg)
 
@@ -39,22 +39,17 @@ def fmt_secs(s: float) -> str:
     return f"{int(max(0.0, s) // 60)}m{int(max(0.0, s) % 60):02d}s"
 
 
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", REPO_ROOT, *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def git_commit() -> str | None:
     """BENCH_COMMIT (a copy of the tree may have no .git), else HEAD (-dirty: cakeconv/ or benchmarks/ changed)."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
-    head = _git("rev-parse", "--short=12", "HEAD")
-    if head is None:
+    git = functools.partial(subprocess.run, capture_output=True, text=True, timeout=10)
+    try:
+        head = git(["git", "-C", REPO_ROOT, "rev-parse", "--short=12", "HEAD"])
+        dirty = git(["git", "-C", REPO_ROOT, "status", "--porcelain", "--", "cakeconv", "benchmarks"]).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
         return None
-    return head + ("-dirty" if _git("status", "--porcelain", "--", "cakeconv", "benchmarks") else "")
+    return head.stdout.strip() + ("-dirty" if dirty else "") if head.returncode == 0 else None
 
 
 def package_version(module: str, *distributions: str) -> str | None:
@@ -175,13 +170,6 @@ def ended(rc) -> str:
 def cell(value, fmt: str, width: int) -> str:
     """A number in ``fmt``, or a text, right-aligned in ``width``; "-" for None."""
     return f"{value:>{width}{fmt}}" if isinstance(value, (int, float)) else f"{value or '-':>{width}}"
-
-
-def text_table(header: list[str], lines: list[list]) -> list[str]:
-    """A markdown table: ``header`` and one row per item of ``lines`` (cells formatted with str)."""
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join("" if c is None else str(c) for c in line) + " |" for line in lines]
-    return out
 
 
 def pyplot(notes: list):
@@ -419,7 +407,7 @@ def op_plots(rows, sweep_s, env, out_dir, notes, stem, target_steps) -> list[str
     plt = pyplot(notes) if sel else None
     if plt is None:
         return []
-    was = _was(sel, sort=False)
+    was, title = _was(sel, sort=False), f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}"
     if len({w for w, _ in was}) > 1:
         gpu = [r for r in sel if r["method"] == "gpu"]
         mixes, cols = list(dict.fromkeys(r["mix"] for r in gpu)), list(itertools.product(
@@ -428,24 +416,18 @@ def op_plots(rows, sweep_s, env, out_dir, notes, stem, target_steps) -> list[str
         for (i, mix), (j, (p_, C)) in itertools.product(enumerate(mixes), enumerate(cols)):
             _w_panel(axes[i][j], gpu, mix, p_, C)
         axes[0][0].legend(fontsize=6)
-        return _save(fig, plt, f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}, S={sweep_s}",
-                     len(mixes), out_dir, stem)
-    cur = [r for r in sel if (r["width"], r["activation"]) == (BASE_WA if BASE_WA in was else was[0])]
-    mixes = list(dict.fromkeys(r["mix"] for r in cur))
-    cols = [("gpu", p) for p in _in([r for r in cur if r["method"] == "gpu"], "pass", PASSES)]
-    cols += [(m, "fwdbwd") for m in _in(cur, "method", ("eager", "eager_step"))]
-    fig, axes = plt.subplots(len(mixes), len(cols), figsize=(5.0 * len(cols), 3.9 * len(mixes)), squeeze=False)
-    for (i, mix), (j, (method, p_)) in itertools.product(enumerate(mixes), enumerate(cols)):
-        _c_panel(axes[i][j], cur, mix, method, p_, sweep_s, target_steps)
-    return _save(fig, plt, f"{env['gpu']}, copy {env['copy_gbs']:.0f} GB/s, {env['date']}"
-                 + (f"; {wa_text(cur[0]['width'], cur[0]['activation'])}" if len(was) > 1 else ""), len(mixes),
-                 out_dir, stem)
-
-
-def _save(fig, plt, title, n_rows, out_dir, stem) -> list[str]:
-    """Title ``fig``, write it as <stem>.png: [its path]."""
+        title += f", S={sweep_s}"
+    else:
+        cur = [r for r in sel if (r["width"], r["activation"]) == (BASE_WA if BASE_WA in was else was[0])]
+        mixes = list(dict.fromkeys(r["mix"] for r in cur))
+        cols = [("gpu", p) for p in _in([r for r in cur if r["method"] == "gpu"], "pass", PASSES)]
+        cols += [(m, "fwdbwd") for m in _in(cur, "method", ("eager", "eager_step"))]
+        fig, axes = plt.subplots(len(mixes), len(cols), figsize=(5.0 * len(cols), 3.9 * len(mixes)), squeeze=False)
+        for (i, mix), (j, (method, p_)) in itertools.product(enumerate(mixes), enumerate(cols)):
+            _c_panel(axes[i][j], cur, mix, method, p_, sweep_s, target_steps)
+        title += f"; {wa_text(cur[0]['width'], cur[0]['activation'])}" if len(was) > 1 else ""
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.9 * n_rows)))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (3.9 * len(mixes))))
     path = os.path.join(out_dir, stem + ".png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
