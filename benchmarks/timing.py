@@ -110,9 +110,8 @@ def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, on
             handles.append(((p.name, p_), h))
         clock.sync()
         for key, (m0, m1, host_ms) in handles:
-            ms = clock.elapsed_ms(m0, m1)
             if r >= warmup:
-                out.times[key].append(ms)
+                out.times[key].append(clock.elapsed_ms(m0, m1))
                 out.host_times[key].append(host_ms)
             elif r >= 1 or warmup == 1:  # the first round compiles and autotunes
                 warm_host[key].append(host_ms)
@@ -191,9 +190,8 @@ def full_kernels_ready() -> None:
 
 def percentile(values, q: float) -> float:
     """The q-quantile of values, linear between neighbours (nan when empty)."""
-    v = sorted(values)
+    v, pos = sorted(values), (len(values) - 1) * q
     if not v:
         return float("nan")
-    pos = (len(v) - 1) * q
-    lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+    lo, hi = math.floor(pos), math.ceil(pos)
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
