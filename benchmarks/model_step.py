@@ -390,9 +390,8 @@ def workload_rows(args, workload, mix, mode, variants, batches, device) -> list[
                "variant": v.name, "runs": v.runs, **fields[v.name], **q, "steps": len(ms),
                "conv_grad_rel_diff_vs_lib": diff, "error": fields[v.name]["error"] or errors.get(v.name)}
         row["tokens_per_s"] = args.tokens / row["median_ms"] * 1e3 if row["median_ms"] else None
-        info = dict(v.info)
-        calls = info.pop("calls", None)
-        rows.append({**row, **info, **(calls.info() if calls else {})})
+        calls = v.info.get("calls")  # a CallCounter: its calls per step
+        rows.append({**row, **{k: x for k, x in v.info.items() if k != "calls"}, **(calls.info() if calls else {})})
     return rows
 
 
@@ -423,16 +422,6 @@ def run_part(args) -> dict:
             "MAMBA_DETERMINISTIC", "CAUSAL_CONV1D_DETERMINISTIC", "TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING")}
         write_json(args.part_out, result)
     return result
-
-
-def start_part(args, part, mode, path, deadline: float) -> dict:
-    """The part's process with ``mode``'s variables (``report.run_child``): what it wrote, ``rc`` and ``seconds``."""
-    variables = MODE_ENV[mode] if mode else {}
-    cmd = [sys.executable, "-m", "benchmarks.model_step", *args.argv, "--part", part, "--part-out", path]
-    progress(f"part {part}{f' ({mode})' if mode else ''} {' '.join(f'{k}={v}' for k, v in variables.items())}")
-    found, rc, seconds = run_child(cmd + ["--mode", mode] * bool(mode), path, args.part_timeout, deadline,
-                                   "--part-timeout", variables)
-    return {**found, "part": part, "mode": mode, "rc": rc, "seconds": round(seconds or 0.0, 1)}
 
 
 def table(rows) -> str:
@@ -470,15 +459,19 @@ def main(argv=None) -> dict:
     for part in [p for p, (workloads, _) in args.plan.items() if workloads]:
         for mode in choices(args.mamba_modes, MODE_ENV, "mamba-modes") if part == "mamba" else [None]:
             path = os.path.abspath(os.path.join(args.out, f"{args.name}.{part}{'_' + mode if mode else ''}.part.json"))
-            found = start_part(args, part, mode, path, deadline)
-            env, rc, (workloads, mixes) = found.get("env") or {}, found["rc"], args.plan[part]
+            variables = MODE_ENV[mode] if mode else {}  # the part's process (report.run_child), its mode's variables
+            progress(f"part {part}{f' ({mode})' if mode else ''} {' '.join(f'{k}={v}' for k, v in variables.items())}")
+            cmd = [sys.executable, "-m", "benchmarks.model_step", *args.argv, "--part", part, "--part-out", path]
+            found, rc, seconds = run_child(cmd + ["--mode", mode] * bool(mode), path, args.part_timeout, deadline,
+                                           "--part-timeout", variables)
+            env, (workloads, mixes) = found.get("env") or {}, args.plan[part]
             have = {(r["workload"], r["mix"], r["variant"]): r for r in found.get("rows", [])}
             why = f"not measured: the part's process {ended(rc)}"
             rows += [{**(have.get((w, mix, v)) or {"part": part, "mode": mode, "workload": w, "mix": mix,
                                                    "variant": v, "skip": None, "median_ms": None, "error": why}),
                       "gpu": env.get("gpu"), "date": env.get("date")}
                      for w in workloads for mix in mixes for v in VARIANTS[w]]
-            done.append({k: found.get(k) for k in ("part", "mode", "rc", "seconds", "env")})
+            done.append({"part": part, "mode": mode, "rc": rc, "seconds": round(seconds or 0.0, 1), "env": env or None})
     env = next((p["env"] for p in done if p.get("env")), None)
     config = {k: v for k, v in vars(args).items() if k not in ("out", "argv", "part", "mode", "part_out", "plan")}
     title = (f"Training step, {args.tokens} packed tokens, bf16{' (CPU dry run: float32)' * args.dry_run}"
