@@ -30,11 +30,10 @@ ROW_ENV = {"cakeconv_no_quick": {"CAKECONV_QUICK_KERNELS": "0"},  # the environm
            "dao_det": {"CAUSAL_CONV1D_DETERMINISTIC": "1"}}
 progress = functools.partial(stamped, "first step")
 WIDTH, STRIDE_FACTOR = 4, 3  # taps; the stride case's x is a slice [:, :C] of [S, 3C]
-DRY_SKIP = {**dict.fromkeys(("cakeconv_one_thread", "cakeconv_no_quick"), "dry run: the reference backend compiles "
-                             "nothing, in any number of threads"),
-            "cakeconv_after_warmup": "dry run: the warm-up compiles for a GPU target (minutes on a CPU)",
-            "fla": "dry run: FLA's causal_conv1d is Triton and needs a CUDA GPU",
-            **dict.fromkeys(("dao", "dao_det"), "dry run: causal-conv1d is a CUDA extension")}
+DRY_SKIP = {**dict.fromkeys(("cakeconv_one_thread", "cakeconv_no_quick"), "the reference backend compiles nothing, in "
+                             "any number of threads"), "fla": "FLA's causal_conv1d is Triton and needs a CUDA GPU",
+            "cakeconv_after_warmup": "the warm-up compiles for a GPU target (minutes on a CPU)",
+            **dict.fromkeys(("dao", "dao_det"), "causal-conv1d is a CUDA extension")}  # dry run: ...
 KERNELS = ("first_step", "new_c", "new_stride", "steady")  # the phases whose compiles are counted
 ROW_FIELDS = (
     "library", "version", "skip", "error", "warmup_s", "warmup_compiled", "warmup_cache_hits", "startup_s", "import_s",
@@ -42,8 +41,7 @@ ROW_FIELDS = (
     *(f"{p}_{k}" for p in KERNELS for k in ("compiled", "cache_hits")), "triton_compile_s", "warm_cache_import_s",
     "warm_cache_first_call_s", "warm_cache_first_step_s", "warm_cache_compiled", "warm_cache_cache_hits", "gpu",
     "kernels_ready_s", "cold_process_s", "warm_process_s", "profile_process_s", "warm_profile", "primed_process_s",
-    "primed_torch_backward_s", "primed_first_call_s", "device", "torch",
-    "triton", "date", "commit")
+    "primed_torch_backward_s", "primed_first_call_s", "device", "torch", "triton", "date", "commit")
 OPTIONS = (  # (name, default, help)
     ("libraries", ",".join(LIBRARIES), "rows, in order (benchmarks/README.md): cakeconv_no_quick sets "
      "CAKECONV_QUICK_KERNELS=0, cakeconv_one_thread CAKECONV_COMPILE_THREADS=1, cakeconv_after_warmup runs python "
@@ -146,13 +144,9 @@ def fwd_bwd(op, d, sync) -> float:
     return time.perf_counter() - t0
 
 
-def profile_top(prof, n: int) -> list:  # the n functions of most cumulative time: [cumulative s, own s, calls, name]
-    return sorted(([round(ct, 4), round(tt, 4), nc, f"{os.path.basename(f)}:{line}({fn})"] for (f, line, fn),
-                   (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()), reverse=True)[:n]
-
-
 def child_main(args) -> None:
-    """A measured process, cold (every measure) or warm (the first step); --child-out is rewritten after each."""
+    """A measured process, cold (every measure), warm (the first step), profile or primed (the first call);
+    --child-out is rewritten after each measure."""
     out = {"library": args.child, "phase": args.phase, "startup_s": SCRIPT_START - args.spawn_time}
     import torch
     out["torch"] = torch.__version__
@@ -178,14 +172,15 @@ def child_main(args) -> None:
         (t * 2).backward(torch.ones_like(t))
         sync()
         out["torch_backward_s"] = time.perf_counter() - t0
-        out["first_call_s"] = fwd_bwd(op, base, sync)
-        return write_json(args.child_out, out)
-    if args.phase == "profile":  # where a warm process's first fwd+bwd spends its time (it runs under cProfile)
-        prof = cProfile.Profile()
+    if args.phase == "profile":  # where a warm process's first fwd+bwd spends its time: [cumulative s, own s, calls,
+        prof = cProfile.Profile()  # name] of the functions of most cumulative time
         out["first_call_s"] = prof.runcall(fwd_bwd, op, base, sync)
-        out["profile_top"] = profile_top(prof, args.profile_top)
+        out["profile_top"] = sorted(([round(ct, 4), round(tt, 4), nc, f"{os.path.basename(f)}:{line}({fn})"] for (
+            f, line, fn), (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()), reverse=True)[:args.profile_top]
+    else:
+        out["first_call_s"] = fwd_bwd(op, base, sync)
+    if args.phase in ("primed", "profile"):
         return write_json(args.child_out, out)
-    out["first_call_s"] = fwd_bwd(op, base, sync)
     out["first_step_s"] = time.time() - args.spawn_time
     out["first_step_compiled"], out["first_step_cache_hits"] = counter.since(0)
     out["triton_compile_s"] = counter.compile_seconds()
@@ -283,10 +278,9 @@ def table(rows) -> str:
             ("1st call s", 11, ".3f", "first_call_s"), ("1st step s", 11, ".2f", "first_step_s"),
             ("kernels", 9, "+", "first_step"), ("new C s", 9, ".3f", "new_c_s"), ("kernels", 9, "+", "new_c"),
             ("stride s", 9, ".3f", "new_stride_s"), ("kernels", 9, "+", "new_stride"),
-            ("full kernels s", 15, ".1f", "kernels_ready_s"),
-            ("steady ms", 10, ".3f", "steady_ms"), ("max ms", 8, ".2f", "steady_max_ms"),
-            ("warm cache 1st step s", 22, ".2f", "warm_cache_first_step_s"), ("kernels", 9, "+", "warm_cache"),
-            ("after torch's 1st bwd s", 24, ".3f", "primed_first_call_s"))
+            ("full kernels s", 15, ".1f", "kernels_ready_s"), ("steady ms", 10, ".3f", "steady_ms"),
+            ("max ms", 8, ".2f", "steady_max_ms"), ("warm cache 1st step s", 22, ".2f", "warm_cache_first_step_s"),
+            ("kernels", 9, "+", "warm_cache"), ("after torch's 1st bwd s", 24, ".3f", "primed_first_call_s"))
     lines = [f"{'library':<23}" + "".join(f"{h:>{w}}" for h, w, _, _ in cols) + "  version"]
     for r in rows:
         line = f"{r['library']:<23}" + cell(r.get("warmup_s"), ".1f", 10)
@@ -310,7 +304,7 @@ def main(argv=None) -> dict:
     rows = []
     for library in args.libraries:
         if args.dry_run and library in DRY_SKIP:
-            rows.append(dict.fromkeys(ROW_FIELDS) | {"library": library, "skip": DRY_SKIP[library]})
+            rows.append(dict.fromkeys(ROW_FIELDS) | {"library": library, "skip": "dry run: " + DRY_SKIP[library]})
         else:
             with tempfile.TemporaryDirectory(prefix=f"first_step_{library}_", ignore_cleanup_errors=True) as work:
                 rows.append(measure_row(args, library, work))  # work: the row's Triton cache, its processes' files
