@@ -19,7 +19,7 @@ import types
 
 import torch
 
-from benchmarks.op import document_lengths, parse_mixes
+from benchmarks.op import mix_lengths, parse_mixes
 from benchmarks.report import (REPO_ROOT, cell, choices, ended, option_parser, package_version, run_child,
                                run_environment, stamped, write_json, write_result_files)
 from benchmarks.timing import percentile, wall_samples
@@ -82,7 +82,7 @@ def make_batches(args, mix: str) -> list[dict]:
     """``--batches`` host batches of ``mix``: cu (int32 [N + 1]), seq_idx (int32 [1, S]), ids (int64 [1, S])."""
     out = []
     for i in range(args.batches):
-        lengths = document_lengths(mix, args.tokens, seed=1000 * args.seed + i)
+        lengths = mix_lengths(mix, args.tokens, seed=1000 * args.seed + i)
         cu = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
         seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32), torch.tensor(lengths))
         gen = torch.Generator().manual_seed(1000 * args.seed + i)
@@ -381,9 +381,8 @@ def workload_rows(args, workload, mix, mode, variants, batches, device) -> list[
     for v in variants:
         ms, mine = samples.get(v.name, []), conv0.get(v.name)
         q = {f"{k}_ms": percentile(ms, f) if ms else None for k, f in (("median", 0.5), ("p20", 0.2), ("p80", 0.8))}
-        diff = None  # the relative L2 difference of the conv gradients from the library's variant's
-        if v.name != VARIANTS[workload][0] and mine is not None and base is not None and mine.shape == base.shape:
-            diff = float((mine - base).norm() / base.norm().clamp_min(1e-30))
+        other = v.name != VARIANTS[workload][0] and mine is not None and base is not None and mine.shape == base.shape
+        diff = float((mine - base).norm() / base.norm().clamp_min(1e-30)) if other else None  # relative L2, vs lib
         row = {"part": "kda" if workload.startswith("kda") else "mamba", "mode": mode, "workload": workload,
                "mix": mix, "tokens": args.tokens, "n_docs": [b["n_docs"] for b in batches],
                "doc_min": min(b["doc_min"] for b in batches), "doc_max": max(b["doc_max"] for b in batches),

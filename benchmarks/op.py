@@ -63,8 +63,9 @@ def parse_mixes(values) -> list[str]:
     return list(dict.fromkeys(out)) or [DEFAULT_MIX]
 
 
-def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
-    """Document lengths of ``mix`` summing to S > 0 (seed: the shape's seed)."""
+def mix_lengths(mix: str, S: int, seed: int, mean_len: int = SEED_MEAN_LEN) -> list[int]:
+    """Document lengths of ``mix`` (a --doc-mix token) summing to S > 0 (seed: the shape's seed)."""
+    mix = parse_mix(mix)
     if mix == "seed":  # 85% exponential around mean_len (capped at 8x it), 15% short documents of 1..63 tokens
         rng = random.Random(seed)
         return _fill(S, lambda: rng.randint(1, 63) if rng.random() < 0.15 else min(
@@ -77,21 +78,14 @@ def mix_lengths(mix: str, S: int, seed: int, mean_len: int) -> list[int]:
     if mix.startswith("docs:"):  # N documents: N - 1 random cut points
         cuts = random.Random(seed).sample(range(1, S), min(int(mix.split(":")[1]), S) - 1)
         return [b - a for a, b in itertools.pairwise([0, *sorted(cuts), S])]
-    if mix.startswith("uniform:"):
-        lo, hi = (int(v) for v in mix.split(":")[1].split("-"))
-        rng = random.Random(seed * 7919 + zlib.crc32(mix.encode()))
-        return _fill(S, lambda: rng.randint(lo, hi))
-    raise ValueError(f"unknown mix {mix!r}")
-
-
-def document_lengths(mix: str, S: int, seed: int) -> list[int]:
-    """Lengths of the documents of ``mix`` (a --doc-mix token) summing to S."""
-    return mix_lengths(parse_mix(mix), S, seed, mean_len=SEED_MEAN_LEN)
+    lo, hi = (int(v) for v in mix.split(":")[1].split("-"))  # uniform:A-B
+    rng = random.Random(seed * 7919 + zlib.crc32(mix.encode()))
+    return _fill(S, lambda: rng.randint(lo, hi))
 
 
 def mix_cu(S: int, mix: str, seed: int, device="cuda"):
     """cu_seqlens (int32 [N+1], on ``device``) of the benchmark's document mix ``mix`` (a --doc-mix token)."""
-    return torch.tensor([0] + document_lengths(mix, S, seed), dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    return torch.tensor([0] + mix_lengths(mix, S, seed), dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
 
 
 def sweep_cu(S: int, seed: int, mean: int = SEED_MEAN_LEN, device="cuda"):

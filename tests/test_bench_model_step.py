@@ -89,10 +89,10 @@ def test_dry_run_with_mamba_source(tmp_path):
 
 def test_document_mixes(bench):
     for mix in ("docs:10", "docs:1", "seed", "uniform:1-64"):
-        lengths = bench.document_lengths(mix, 4096, seed=3)
+        lengths = bench.mix_lengths(mix, 4096, seed=3)
         assert sum(lengths) == 4096 and min(lengths) >= 1
-    assert len(bench.document_lengths("docs:10", 32768, seed=0)) == 10
-    assert bench.document_lengths("docs:10", 32768, seed=0) != bench.document_lengths("docs:10", 32768, seed=1)
+    assert len(bench.mix_lengths("docs:10", 32768, seed=0)) == 10
+    assert bench.mix_lengths("docs:10", 32768, seed=0) != bench.mix_lengths("docs:10", 32768, seed=1)
     batch = bench.make_batches(bench.parse_args(["--dry-run"]), "docs:5")[0]
     assert batch["cu"].dtype == torch.int32 and batch["cu"][-1] == 128 and batch["n_docs"] == 5
     assert torch.equal(torch.bincount(batch["seq_idx"][0]), batch["cu"].diff())
