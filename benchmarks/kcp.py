@@ -107,8 +107,8 @@ def setup(args):
     if use_cuda:  # LOCAL_RANK: torchrun's
         torch.cuda.set_device(device)
     if owns_group := not dist.is_initialized():  # torchrun's ranks, or a plain `python -m`: one rank
-        dist.init_process_group("nccl" if use_cuda else "gloo", **({} if "WORLD_SIZE" in os.environ else
-                                                                 {"store": dist.HashStore(), "rank": 0, "world_size": 1}))
+        one_rank = {} if "WORLD_SIZE" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+        dist.init_process_group("nccl" if use_cuda else "gloo", **one_rank)
     env = run_environment(torch, device, "cpu")
     env.update(cakeconv=getattr(cakeconv, "__version__", None), backend=args.backend, world_size=dist.get_world_size(),
                process_group=str(dist.get_backend()), nccl=None, **{k: os.environ.get(k) for k in NVLS_OFF_ENV})
@@ -282,10 +282,9 @@ def build_rows(env, args, layout, stats_P, failures, lengths, host_T) -> list[di
             k_ms, l_ms = slow(f"{kcp}_host_{m}_ms"), slow(f"{local}_host_{m}_ms")
             row.update({f"host_{m}_us": k_ms and k_ms * 1e3, f"local_host_{m}_us": l_ms and l_ms * 1e3,
                         f"host_{m}_ratio": k_ms / l_ms if (k_ms is not None and l_ms) else None})
-        rows.append({**row, "bitwise": not failures[form], "bitwise_failed_ranks": failures[form],
-                     "reps": args.reps, "warmup": args.warmup, "eager_steps": args.eager_steps,
-                     "host_steps": args.host_steps, "l2_flush": env["gpu"] != "cpu",
-                     "dry_run": args.dry_run})
+        rows.append({**row, "bitwise": not failures[form], "bitwise_failed_ranks": failures[form], "reps": args.reps,
+                     "warmup": args.warmup, "eager_steps": args.eager_steps, "host_steps": args.host_steps,
+                     "l2_flush": env["gpu"] != "cpu", "dry_run": args.dry_run})
     return rows
 
 
