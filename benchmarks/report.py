@@ -307,14 +307,11 @@ def _summaries(rows) -> list[str]:
                 f"{'mix':<15} {'S':>7} {'C':>5} {'pass':<7} {'bias':<4}"
                 + "".join(f" | {f'W{w} {a}':>11}" for w, a in was)]
         for mix, S, C, p_, bias in dict.fromkeys((r["mix"], r["S"], r["C"], r["pass"], r["bias"]) for r in ours):
-            base, line = idx.get((mix, "gpu", S, C) + BASE_WA + (p_, bias, "ours")), (
-                f"{mix:<15} {S:>7} {C:>5} {PASS_LABEL[p_]:<7} {'yes' if bias else 'no':<4}")
-            for w, a in was:
-                r = idx.get((mix, "gpu", S, C, w, a, p_, bias, "ours"))
-                txt = "-" if r is None else f"{r['fraction']:.2f}" + (
-                    f" ({r['fraction'] / base['fraction']:.2f})" if base else "")
-                line += f" | {txt:>11}"
-            out.append(line)
+            base = idx.get((mix, "gpu", S, C) + BASE_WA + (p_, bias, "ours"))
+            cells = [idx.get((mix, "gpu", S, C, w, a, p_, bias, "ours")) for w, a in was]
+            out.append(f"{mix:<15} {S:>7} {C:>5} {PASS_LABEL[p_]:<7} {'yes' if bias else 'no':<4}" + "".join(
+                " | " + ("-" if r is None else f"{r['fraction']:.2f}" + (
+                    f" ({r['fraction'] / base['fraction']:.2f})" if base else "")).rjust(11) for r in cells))
     return out
 
 
