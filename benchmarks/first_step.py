@@ -224,7 +224,6 @@ def run_file(args, cmd, library: str, work: str, path: str) -> tuple:
 
 
 def joined(*parts) -> str | None:
-    """The non-empty parts joined with "; " (None when there is none)."""
     return "; ".join(p for p in parts if p) or None
 
 

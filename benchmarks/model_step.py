@@ -349,7 +349,6 @@ def determinism(v, batch, repeats: int):
 
 
 def train_step(v, batches) -> None:
-    """One training step of ``v`` on the next batch of the endless iterator ``batches``."""
     v.forward_backward(next(batches))
     if v.optimizer_step is not None:
         v.optimizer_step()

@@ -136,7 +136,6 @@ def target_steps(mix: str, pass_: str) -> list:
 
 
 def shape_seed(seed: int, S: int, C: int) -> int:
-    """The seed of one grid shape's inputs and document lengths."""
     return seed * 1_000_003 + S * 131 + C
 
 
@@ -181,7 +180,6 @@ class Shape:
         return self.extra[key]
 
     def where(self, use_bias=None) -> str:
-        """The words naming the shape (and its W, activation and bias variant) in progress lines and notes."""
         return f"{self.mix} S={self.S} C={self.C}" + ("" if use_bias is None else (
             f" W={self.width} {self.activation or 'no activation'} bias={'yes' if use_bias else 'no'}"))
 

@@ -31,7 +31,6 @@ def note(notes: list, msg: str) -> None:
 
 
 def stamped(who: str, text: str) -> None:
-    """A progress line on stderr: ``[who HH:MM:SS] text``."""
     log(f"[{who} {time.strftime('%H:%M:%S')}] {text}")
 
 
@@ -62,7 +61,6 @@ def package_version(module: str, *distributions: str) -> str | None:
 
 
 def run_stamp() -> dict:
-    """The date (UTC), commit, Python and host of a run."""
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": git_commit(), "python": platform.python_version(), "host": platform.node(),
             "cpu_count": os.cpu_count()}
@@ -97,7 +95,6 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def write_csv(path: str, rows, fields) -> None:
-    """The rows' ``fields`` columns (a field a row lacks is empty)."""
     with open(path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         wr.writeheader()
@@ -163,12 +160,10 @@ def run_child(cmd: list, path: str, timeout: float, deadline: float, limits: str
 
 
 def ended(rc) -> str:
-    """How a ``run_child`` process ended: ``exited with RC``, or why it did not."""
     return f"exited with {rc}" if isinstance(rc, int) else str(rc)
 
 
 def cell(value, fmt: str, width: int) -> str:
-    """A number in ``fmt``, or a text, right-aligned in ``width``; "-" for None."""
     return f"{value:>{width}{fmt}}" if isinstance(value, (int, float)) else f"{value or '-':>{width}}"
 
 
@@ -210,7 +205,6 @@ def wa_text(width, act) -> str:
 
 
 def _in(rows, key, values) -> list:
-    """values (an order) that some row has as its ``key``."""
     return [v for v in values if any(r[key] == v for r in rows)]
 
 

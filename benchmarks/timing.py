@@ -79,7 +79,6 @@ def auto_ahead_us(host_ms: float, floor_us: float, cap_us: float) -> float:
 
 
 def rotation(items: list, round_index: int) -> list:
-    """``items`` in the order of round ``round_index``: the order rotates by one every round."""
     k = round_index % max(1, len(items))
     return items[k:] + items[:k]
 
