@@ -216,38 +216,35 @@ def child_main(args) -> None:
     return None
 
 
-def run_file(args, cmd, library: str, work: str, path: str) -> tuple:
-    """``report.run_child`` of ``cmd`` from the repository root on the cache in ``work``, only the row's variables."""
-    variables = {**dict.fromkeys(("CAUSAL_CONV1D_DETERMINISTIC", "CAKECONV_COMPILE_THREADS", "CAKECONV_QUICK_KERNELS")),
-                 **ROW_ENV.get(library, {}), "TRITON_CACHE_DIR": os.path.join(work, "triton_cache"), "FLA_GLUON": "0"}
-    return run_child(cmd, path, args.process_timeout, args.deadline, "--process-timeout", variables, REPO_ROOT)
-
-
 def joined(*parts) -> str | None:
     return "; ".join(p for p in parts if p) or None
 
 
 def measure_row(args, library: str, work: str) -> dict:
     """A row on the fresh cache ``work``: the warm-up (cakeconv_after_warmup), the cold process, the warm ones."""
-    row = dict.fromkeys(ROW_FIELDS) | {"library": library}
+    row, cache = dict.fromkeys(ROW_FIELDS) | {"library": library}, os.path.join(work, "triton_cache")
+    variables = {**dict.fromkeys(("CAUSAL_CONV1D_DETERMINISTIC", "CAKECONV_COMPILE_THREADS", "CAKECONV_QUICK_KERNELS")),
+                 **ROW_ENV.get(library, {}), "TRITON_CACHE_DIR": cache, "FLA_GLUON": "0"}  # only the row's own
+    run = functools.partial(run_child, timeout=args.process_timeout, deadline=args.deadline,  # from the repository root
+                            limits="--process-timeout", variables=variables, cwd=REPO_ROOT)
     if library == "cakeconv_after_warmup":
         report = os.path.join(work, "warmup_report.json")
         cmd = [sys.executable, "-m", "cakeconv", "warmup", "--channels", f"{args.channels},{args.new_channels}",
                "--json", report, *args.warmup_args.split()]
         progress(f"cakeconv_after_warmup: {' '.join(cmd[1:])}")
-        found, rc, row["warmup_s"] = run_file(args, cmd, "cakeconv", work, report)
+        found, rc, row["warmup_s"] = run(cmd, report)
         if rc != 0 or not found:
             return row | {"error": f"warm-up {ended(rc)}"}
         row.update(warmup_compiled=found.get("compiled"), warmup_cache_hits=found.get("cache_hits"))
 
     def child(phase):  # a measured process on the row's cache: (what it wrote, its exit status)
         path = os.path.join(work, f"{phase}_measures.json")
-        progress(f"{library}: {phase}-cache process, TRITON_CACHE_DIR={os.path.join(work, 'triton_cache')}")
+        progress(f"{library}: {phase}-cache process, TRITON_CACHE_DIR={cache}")
         cmd = [sys.executable, "-m", "benchmarks.first_step", "--child", library, "--phase", phase, "--child-out",
                path, "--tokens", str(args.tokens), "--channels", str(args.channels), "--new-channels",
                str(args.new_channels), "--steady-calls", str(args.steady_calls)] + ["--dry-run"] * args.dry_run
         cmd += ["--spawn-time", repr(time.time())]
-        found, rc, row[f"{phase}_process_s"] = run_file(args, cmd, library, work, path)
+        found, rc, row[f"{phase}_process_s"] = run(cmd, path)
         return found, rc
     cold, rc = child("cold")
     row.update({k: v for k, v in cold.items() if k in ROW_FIELDS and k != "library"})
