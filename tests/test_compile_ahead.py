@@ -93,7 +93,7 @@ def asked(monkeypatch, tmp_path):
         return full, quick
 
     def compile_items(items, target, n_threads):
-        tier = "quick" if any(items is q for q in twins) else "full"
+        tier = "quick" if any(items and all(item in q for item in items) for q in twins) else "full"
         calls.compiles.append((tier, threading.current_thread() is threading.main_thread(), n_threads, len(items)))
 
     def spawn_warmup(problem, target, n, tokens=None):
@@ -140,8 +140,9 @@ def test_the_first_training_step_of_a_problem_asks_once(asked, monkeypatch):
     assert len(built) >= 4 and len(set(built)) == len(built)
     one_group = len(warmup_module.problem_specializations([WarmupProblem(16)], SM90, (ONE_GROUP_S,)))
     assert asked == [(16, 4, "silu", 90, one_group, (ONE_GROUP_S,))] and one_group == 5  # the regime's variants
-    # the quick twins in the calling thread (waited for), then the full variants in a background warm-up
-    assert asked.compiles == [("quick", True, 4, 5)]
+    # the quick twins: the forward's in the calling thread (waited for), the backward's in another (the backward
+    # waits for them), then the full variants in a background warm-up
+    assert sorted(asked.compiles) == [("quick", False, 4, 2), ("quick", True, 4, 3)]
     assert asked.spawned == [(WarmupProblem(16), 90, 4, (ONE_GROUP_S,))]
     assert all(sig[3] != torch.device("cpu") or sig[-2] != "triton" for sig in conv._plans)  # no recording plan kept
     _step(100, 16, seed=1)  # other token and document counts in the regime: the same problem
@@ -191,7 +192,7 @@ def test_a_later_process_finds_the_marker_and_asks_nothing(asked, monkeypatch):
 
 
 def test_the_compile_says_when_it_starts_and_ends(asked, caplog, monkeypatch):
-    """A compile of minutes must not look like a hang: two lines on the "cakeconv" logger, at WARNING in
+    """A compile of minutes must not look like a hang: lines on the "cakeconv" logger, at WARNING in
     a single process (and on rank 0), INFO on other ranks; a marker found says nothing."""
     import logging
 
@@ -202,6 +203,7 @@ def test_the_compile_says_when_it_starts_and_ends(asked, caplog, monkeypatch):
         assert [lv for lv, _ in lines] == [logging.WARNING] * 3, lines
         assert "compiling 5 quick kernel variants of C=16" in lines[0][1] and "sm_90" in lines[0][1]
         assert "quick kernels of C=16" in lines[1][1] and "in the background" in lines[1][1]
+        assert "the forward's in" in lines[1][1] and "recording the step" in lines[1][1]
         assert "the full kernel variants of C=16" in lines[2][1] and " ready in " in lines[2][1]
         caplog.clear()
         _step(64, 40)  # a new C: the twins are there; a line when its background compile starts and one when it ends
@@ -232,10 +234,11 @@ def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
 
     started, events = threading.Event(), []
 
-    def slow(items, target, n_threads):  # the quick tier
+    def slow(items, target, n_threads):  # the quick tier: the forward's twins here, the backward's in a thread
         started.set()
-        time.sleep(0.3)
-        events.append(("compiled", time.perf_counter()))
+        time.sleep(0.3 if threading.current_thread() is first else 0.6)
+        events.append(("compiled" if threading.current_thread() is first else "backward's compiled",
+                       time.perf_counter()))
 
     release = threading.Event()  # the full variants' warm-up: still running when both plans are told
     monkeypatch.setattr(compile_ahead, "compile_items", slow)
@@ -243,7 +246,7 @@ def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
     plans = [types.SimpleNamespace(ahead=False, S=64, C=16, dtype=torch.bfloat16, W=4, activation="silu",
                                    device_index=0, told=[]) for _ in range(2)]
     for plan in plans:
-        plan.run_early_until = plan.told.append
+        plan.run_early_until = lambda ready, twins, told=plan.told: told.append((ready, twins))
     first = threading.Thread(target=compile_ahead.before_training_step, args=(plans[0],))
     first.start()
     started.wait(5)
@@ -251,8 +254,10 @@ def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
     events.append(("second returned", time.perf_counter()))
     first.join()
     assert [e[0] for e in events] == ["compiled", "second returned"] and plans[1].ahead
-    # both run the quick twins until the full variants are in (the same event)
-    assert plans[0].told[0] is plans[1].told[0] and not compile_ahead.wait_for_kernels(0)
+    # both run the quick twins until the full variants are in (the same events), their backward once the
+    # backward's twins are in
+    assert plans[0].told[0] == plans[1].told[0] and not compile_ahead.wait_for_kernels(0)
+    assert plans[0].told[0][1].wait(5) and [e[0] for e in events][-1] == "backward's compiled"
     release.set()
     assert compile_ahead.wait_for_kernels(10)
 
@@ -674,3 +679,39 @@ def test_a_forward_entry_point_joins_a_running_compile_ahead(asked, monkeypatch)
     after = [p for p in conv._plans.values() if p.S == 120]
     assert len(after) == 1 and after[0].joined and after[0].ready is None
     assert len(asked) == 1  # the forward entry point asked for no compile of its own
+
+
+def test_a_forward_entry_point_of_a_trained_problems_new_regime_starts_its_compile_ahead(asked):
+    """mamba_ssm's pair calls the forward entry point, then the backward one: once a backward has compiled
+    a problem's regime ahead, a forward of another regime of that problem starts that regime's compile
+    ahead (and runs the twins) instead of compiling a full variant on launch; a problem no backward
+    trained keeps compiling on launch."""
+    _step(64, 16)  # one group of the dweight tree
+    w = torch.randn(16, 4)
+    x = torch.randn(9000, 16).to(torch.bfloat16)
+    cake_causal_conv1d_det_train_forward(x, w, None, torch.tensor([0, 3000, 9000], dtype=torch.int32))
+    plan = [p for p in conv._plans.values() if p.S == 9000]
+    assert len(plan) == 1 and plan[0].ahead
+    assert [a[5] for a in asked] == [(ONE_GROUP_S,), (MULTI_GROUP_S,)]
+    cake_causal_conv1d_det_train_forward(torch.randn(64, 24).to(torch.bfloat16), torch.randn(24, 4))
+    assert len(asked) == 2  # C = 24: a problem no backward trained
+
+
+def test_a_backward_twin_still_compiling_is_waited_for_once():
+    """The backward's twins compile while the forward runs: their launch waits for that compile (it must not
+    compile them again in the launching thread), once; then it runs until the full kernels are ready."""
+    import threading
+    import time
+
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels.launch import EarlyLaunch
+
+    ready, compiled = threading.Event(), threading.Event()
+    early = EarlyLaunch(None, ready, False, compiled)
+    timer = threading.Timer(0.2, compiled.set)
+    timer.start()
+    t0 = time.perf_counter()
+    assert early.active() and time.perf_counter() - t0 >= 0.15 and early.compiled is None
+    assert early.active()
+    ready.set()
+    assert not early.active()
+    timer.join()

@@ -13,14 +13,17 @@ The first time the autograd op (or the backward entry point) meets a problem on 
 module records the launches of that problem's training step (``cakeconv.warmup``'s set for the
 problem: the same launches, the same Triton cache keys) and compiles them in two tiers:
 
-1. their quick twins, in parallel threads, and waits for them: kernels of their own
+1. their quick twins, in parallel threads: kernels of their own
    (``cake_conv_*_quick_kernel``) that take one code path for every program (the same bits: each
    path computes every element alike), which compiles several times faster than the full kernels'
    four paths (Triton's layout pass grows faster than a kernel's size) and runs slower. Their row
    strides are arguments and their launch configuration is one for every C, so the twins of one
    problem serve every channel count and row stride of its dtypes, bias, width and activation
    (``twins_key``): a later problem that differs in those only records nothing and waits for
-   nothing, its first call runs the twins at once while its full variants compile (tier 2);
+   nothing, its first call runs the twins at once while its full variants compile (tier 2). The
+   forward's twins are waited for; the backward's compile on while the forward runs and torch
+   prepares its first backward (a process's first ``backward(grad)`` imports torch's symbolic-shapes
+   module, seconds), and the backward's launches wait for them (``Plan.run_early_until``);
 2. the full variants, in the background: a ``python -m cakeconv warmup`` process for the problem (and
    regime), on the same Triton cache, while the first steps run the twins. Once it has compiled them
    all (and written the marker), the launches switch to them (a launch that loads one from the cache
@@ -33,7 +36,7 @@ module per argument-type signature that a kernel's first launch in a process wou
 with the C compiler in the launching thread, about 0.3 s each; a step needs about six, the full
 kernels' ones at the switch from the twins.
 
-A cold first step then waits for the slowest quick twin instead of the slowest full kernel. Packed
+A cold first step then waits for the quick twins instead of the slowest full kernel. Packed
 rows with ``cu_seqlens`` (contiguous, or mamba_ssm's rows of a wider tensor) compile the set of the
 step's regime only: one group of the backward's
 dweight tree (S <= 8,192 tokens) or more, with few and many documents (``warmup(tokens=...)``'s set:
@@ -120,10 +123,11 @@ class _Compile:
     the full variants are (or their compile ended in a failure: the launches then compile what they
     need themselves)."""
 
-    __slots__ = ("first", "ready")
+    __slots__ = ("first", "ready", "twins")
 
     def __init__(self):
         self.first, self.ready = threading.Event(), threading.Event()
+        self.twins = threading.Event()  # every quick twin is compiled (or none will be): the backward may launch
 
 
 def wait_for_kernels(timeout: float | None = None) -> bool:
@@ -286,6 +290,7 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
     if os.path.exists(marker_path(problem, target)) or (
             tokens is not None and os.path.exists(marker_path(problem, target, tokens))):
         state.ready.set()  # the launches load the kernels from the cache
+        state.twins.set()
         return
     from ..warmup import ONE_GROUP_S
 
@@ -296,6 +301,7 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
     if quick and shared is not None and _twins_ready(shared):
         _log.log(level, "cakeconv: %s%s runs the quick kernels compiled for an earlier channel count or stride; its "
                  "full variants compile in a background process", problem, regime)
+        state.twins.set()
         _compile_in_background(state, problem, target, n, tokens, level, start)
         return
     _local.busy = True
@@ -304,6 +310,7 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
             full, twins = training_step_items(problem, target, tokens)
     finally:
         _local.busy = False
+    recorded = time.perf_counter()
     # the launchers of every kernel of the step, the full ones' too (their first launch, at the switch from
     # the twins, would build them in the training thread), built beside the compile
     launchers = build_launchers(twins + full, n)
@@ -311,6 +318,7 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
         _log.log(level, "cakeconv: compiling the training step's %d kernel variants of %s%s for sm_%s in up to %d "
                  "threads (once per problem and Triton cache; `python -m cakeconv warmup` compiles them ahead)",
                  len(full), problem, regime, target.arch, n)
+        state.twins.set()
         _compile_full(state, full, problem, target, n, tokens, level, start)
         launchers.join()
         return
@@ -318,18 +326,41 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
              "first steps; the training step's %d full variants follow in a background process (once per problem "
              "and Triton cache; `python -m cakeconv warmup` compiles them ahead)", len(twins), problem, regime,
              target.arch, n, len(full))
+    # the backward's twins compile on while the forward's run and torch prepares its first backward
+    forward = {"recorded": recorded - start, "done": threading.Event()}
+    threading.Thread(target=_compile_backward_twins, name="cakeconv-twins", daemon=True,
+                     args=(state, [item for item in twins if "_bwd_" in item[0]], forward, problem, target, n,
+                           tokens, level, start, shared)).start()
     try:
-        compile_items(twins, target, n)
+        compile_items([item for item in twins if "_bwd_" not in item[0]], target, n)
     except BaseException:
         state.ready.set()  # no twins to run: the launches compile the full variants themselves
         raise
     finally:
         launchers.join()
-    if shared is not None:
-        _twins_compiled.add(shared)
-    _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s; the full ones compile in the background",
-             problem, time.perf_counter() - start)
-    _compile_in_background(state, problem, target, n, tokens, level, start)
+        forward.update(ready=time.perf_counter() - start, launchers=launchers.outcome)
+        forward["done"].set()
+
+
+def _compile_backward_twins(state: _Compile, items, forward: dict, problem, target, n: int, tokens, level: int,
+                            start: float, shared) -> None:
+    """Compile the backward's quick twins (the forward's run meanwhile), start the background compile of the
+    full variants (after the twins: it would take their CPU time), then set ``state.twins``. ``forward``: the
+    forward twins' times, for the report."""
+    try:
+        compile_items(items, target, n)
+        forward["done"].wait()
+        if shared is not None:
+            _twins_compiled.add(shared)
+        _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s (the forward's in %.1f s, of which recording "
+                 "the step %.2f s; %s); the full ones compile in the background", problem,
+                 time.perf_counter() - start, forward["ready"], forward["recorded"], forward["launchers"])
+        _compile_in_background(state, problem, target, n, tokens, level, start)
+    except BaseException as exc:  # noqa: BLE001 - the launches compile what they need, as without this
+        state.ready.set()
+        _warn(exc)
+    finally:
+        state.twins.set()
 
 
 def _compile_in_background(state: _Compile, problem, target, n: int, tokens, level: int, start: float) -> None:
@@ -442,15 +473,21 @@ def join_running(plan) -> None:
     """For a call that starts no compile ahead (the forward entry point, inference): if the compile
     ahead of the plan's problem (and regime) is running, the plan runs its quick twins until it ends,
     as the training steps' plans do (a new shape's forward must not compile a full variant beside
-    it). Once per plan; nothing when no compile ahead ran in this process."""
+    it). If none ran for this regime or layout but one ran for another of the same problem, the
+    process trains that problem (mamba_ssm's pair: a forward entry point, then a backward one), so
+    this forward starts its regime's compile ahead as the backward would have. Once per plan; nothing
+    when no compile ahead ran in this process."""
     plan.joined = True
     if not _states:
         return
     try:
         key = _key(plan)
         state = None if key is None else _states.get(key)
+        if key is not None and state is None and any(k[:2] == key[:2] for k in list(_states)):
+            before_training_step(plan)
+            return
         if state is not None and state.first.is_set() and not state.ready.is_set():
-            plan.run_early_until(state.ready)
+            plan.run_early_until(state.ready, state.twins)
     except Exception:  # noqa: BLE001 - the launches compile what they need, as without this
         return
 
@@ -484,12 +521,13 @@ def before_training_step(plan) -> None:
                 _start(state, problem, cuda_target(key[0]), n, tokens, quick, twins_key(key))
             except BaseException:
                 state.ready.set()
+                state.twins.set()
                 raise
             finally:
                 state.first.set()
         else:  # another thread started it: wait, so that this one's launches compile nothing alongside
             state.first.wait()
         if not state.ready.is_set():
-            plan.run_early_until(state.ready)
+            plan.run_early_until(state.ready, state.twins)
     except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
         _warn(exc)

@@ -143,7 +143,7 @@ class Plan:
     """
 
     __slots__ = ("S", "C", "W", "activation", "seq_len", "backend", "dtype", "device_index", "gdt", "n_ws", "fwd",
-                 "_bwd", "_layout", "ahead", "ready", "joined")
+                 "_bwd", "_layout", "ahead", "ready", "twins", "joined")
 
     def __init__(self, p: checks.Problem, x: Tensor, weight: Tensor, bias: Optional[Tensor], cu: Optional[Tensor]):
         self.S, self.C, self.seq_len, self.backend = p.S, p.C, p.seq_len, p.backend
@@ -157,7 +157,7 @@ class Plan:
         self._layout = None
         self.ahead = False  # compile_ahead.before_training_step ran for this plan
         self.joined = False  # compile_ahead.join_running ran for this plan
-        self.ready = None
+        self.ready = self.twins = None
         if p.backend != "triton" or p.S == 0 or not weight.is_contiguous() or not (bias is None or bias.is_contiguous()):
             return
         x_stride = _row_stride(x, p.S, p.C)
@@ -169,17 +169,18 @@ class Plan:
         if recording_twins():  # (the compile ahead's recording of a step: its twins' launches too)
             self.run_early_until(_NEVER)
 
-    def run_early_until(self, ready) -> None:
+    def run_early_until(self, ready, twins=None) -> None:
         """Run the quick twins of this plan's launches (the forward's, the backward's prepared so far
-        and later) until ``ready`` (a ``threading.Event``) is set (compile_ahead.py)."""
-        self.ready = ready
+        and later) until ``ready`` (a ``threading.Event``) is set (compile_ahead.py); ``twins``: an event
+        set once the backward's twins are compiled (None: they are), which its launches wait for."""
+        self.ready, self.twins = ready, twins
         if ready.is_set():
             return
         if self.fwd is not None:
             self.fwd.early = self._early(self._prepare_forward(quick=True))
         for launches, args in self._bwd.values():
             if launches:
-                launches.early = self._early(self._prepare_backward(*args, quick=True))
+                launches.early = self._early(self._prepare_backward(*args, quick=True), twins)
 
     def backward_for(self, dy: Tensor, x: Tensor, dw_dtype: torch.dtype, dx_stride: Optional[int] = None):
         """The prepared backward launches for this dy (checked here the first time its layout is
@@ -200,13 +201,14 @@ class Plan:
                 args = (dy_stride, dy.dtype, dw_dtype, dx_stride or self.C)
                 launches = self._prepare_backward(*args)
                 if self.ready is not None and not self.ready.is_set():
-                    launches.early = self._early(self._prepare_backward(*args, quick=True))
+                    launches.early = self._early(self._prepare_backward(*args, quick=True), self.twins)
             found = self._bwd[key] = (launches, args)
         return found[0] or None
 
-    def _early(self, quick_launch) -> EarlyLaunch:
-        """``quick_launch`` run in its full launch's place until ``self.ready`` is set."""
-        return EarlyLaunch(quick_launch, self.ready, self.device_index >= 0)
+    def _early(self, quick_launch, compiled=None) -> EarlyLaunch:
+        """``quick_launch`` run in its full launch's place until ``self.ready`` is set (once ``compiled``,
+        an event, is set: its kernels are then in the cache)."""
+        return EarlyLaunch(quick_launch, self.ready, self.device_index >= 0, compiled)
 
     def _prepare_forward(self, quick=False):
         x_stride, *rest = self._layout

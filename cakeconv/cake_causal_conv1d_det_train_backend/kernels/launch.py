@@ -379,12 +379,14 @@ class EarlyLaunch:
     """A launch's quick twin (``prepare_forward`` / ``prepare_backward`` with ``quick=True``), run in
     its place until ``ready`` (a ``threading.Event``) is set: the full variants are then in Triton's
     cache. Capturing a CUDA graph waits for them instead (a graph keeps the kernels it captured);
-    ``on_gpu``: the launches run on a CUDA device (only there can a graph be captured)."""
+    ``on_gpu``: the launches run on a CUDA device (only there can a graph be captured); ``compiled``:
+    None, or an event set once the twin is in Triton's cache (still compiling in another thread: the
+    twin waits for it rather than compile it again)."""
 
-    __slots__ = ("launch", "ready", "on_gpu")
+    __slots__ = ("launch", "ready", "on_gpu", "compiled")
 
-    def __init__(self, launch, ready, on_gpu: bool):
-        self.launch, self.ready, self.on_gpu = launch, ready, on_gpu
+    def __init__(self, launch, ready, on_gpu: bool, compiled=None):
+        self.launch, self.ready, self.on_gpu, self.compiled = launch, ready, on_gpu, compiled
 
     def active(self) -> bool:
         """True while the twin runs in the launch's place."""
@@ -393,6 +395,10 @@ class EarlyLaunch:
         if self.on_gpu and torch.cuda.is_current_stream_capturing():
             self.ready.wait()
             return False
+        if self.compiled is not None:
+            self.compiled.wait()
+            self.compiled = None
+            return not self.ready.is_set()
         return True
 
 
