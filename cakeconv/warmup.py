@@ -169,7 +169,10 @@ def _record(problem: WarmupProblem, tokens=None, twins: bool = False) -> list:
             cu_t = None if cu is None else torch.tensor(cu, dtype=problem.cu_dtype)
             with launch.record_launches(twins=twins) as recorded:
                 y = cake_causal_conv1d_det(x, w, b, cu_seqlens=cu_t, activation=problem.activation, backend="triton")
-                y.backward(torch.empty_like(y))
+                # the op's backward, called as autograd calls it: y.backward(dy) would import torch's
+                # symbolic-shapes module here (a process's first backward(grad) does, seconds), before the
+                # compile ahead's twins start compiling; the training step's own backward pays it beside them
+                y.grad_fn.apply(torch.empty_like(y))
             launches += recorded
     finally:
         checks.INTERPRET = saved

@@ -715,3 +715,15 @@ def test_a_backward_twin_still_compiling_is_waited_for_once():
     ready.set()
     assert not early.active()
     timer.join()
+
+
+def test_recording_a_step_leaves_torchs_first_backward_to_the_step():
+    """The compile ahead records a step's launches before its twins compile: that recording calls the op's
+    backward as autograd does, not through ``backward(dy)``, whose first call in a process imports torch's
+    symbolic-shapes module (seconds on the GPU hosts, then not beside the twins' compile)."""
+    code = ("import sys, torch; from cakeconv import warmup as w; w._record(w.WarmupProblem(16), twins=True); "
+            "w._record(w.WarmupProblem(16, mamba_ssm_row_stride=40), twins=True); "
+            "print('torch.fx.experimental.symbolic_shapes' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=REPO))
+    assert run.returncode == 0 and run.stdout.split() == ["False"], run.stderr
