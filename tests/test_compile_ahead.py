@@ -103,6 +103,7 @@ def asked(monkeypatch, tmp_path):
 
     monkeypatch.setattr(compile_ahead, "spawn_warmup", spawn_warmup)
     monkeypatch.setattr(compile_ahead, "_children", [])
+    monkeypatch.setattr(compile_ahead, "_twin_threads", [])
     monkeypatch.setattr(compile_ahead, "_states", {})
     monkeypatch.setattr(compile_ahead, "_twins_compiled", set())
     monkeypatch.setattr(compile_ahead, "problem_of", lambda plan: WarmupProblem(
@@ -657,6 +658,31 @@ def test_ending_the_process_stops_its_background_warmups(monkeypatch):
     monkeypatch.setattr(compile_ahead, "_exiting", False)
     compile_ahead._stop_children()
     assert proc.wait(timeout=10) != 0 and compile_ahead._exiting
+
+
+def test_ending_the_process_waits_for_the_backward_twins_and_starts_no_warmup(asked, monkeypatch):
+    """The process ends while the backward's twins still compile in their thread: the exit waits for that
+    thread (a thread inside the compiler while the process tears down could crash it), which then starts
+    no background warm-up."""
+    import threading
+
+    release = threading.Event()
+
+    def compile_items(items, target, n_threads):
+        if any("_bwd_" in name for name, _ in items):
+            assert release.wait(10)
+
+    monkeypatch.setattr(compile_ahead, "compile_items", compile_items)
+    monkeypatch.setattr(compile_ahead, "_exiting", False)
+    plan = types.SimpleNamespace(ahead=False, S=64, C=16, dtype=torch.bfloat16, W=4, activation="silu",
+                                 device_index=0, run_early_until=lambda ready, twins: None)
+    compile_ahead.before_training_step(plan)  # returns once the forward's twins are in
+    assert len(compile_ahead._twin_threads) == 1 and compile_ahead._twin_threads[0].is_alive()
+    timer = threading.Timer(0.3, release.set)
+    timer.start()
+    compile_ahead._stop_children()
+    timer.join()
+    assert compile_ahead._twin_threads == [] and asked.spawned == []
 
 
 def test_a_forward_entry_point_joins_a_running_compile_ahead(asked, monkeypatch):

@@ -91,6 +91,7 @@ ENV_QUICK = "CAKECONV_QUICK_KERNELS"
 _states: dict = {}  # (capability, problem, regime tokens) -> its _Compile
 _twins_compiled: set = set()  # the twins_key of every problem whose quick twins this process compiled
 _children: list = []  # the background warm-up processes still running (stopped when this process exits)
+_twin_threads: list = []  # the threads compiling backward twins (waited for when this process exits)
 _lock = threading.Lock()
 _local = threading.local()
 _warned = False
@@ -328,9 +329,11 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
              target.arch, n, len(full))
     # the backward's twins compile on while the forward's run and torch prepares its first backward
     forward = {"recorded": recorded - start, "done": threading.Event()}
-    threading.Thread(target=_compile_backward_twins, name="cakeconv-twins", daemon=True,
-                     args=(state, [item for item in twins if "_bwd_" in item[0]], forward, problem, target, n,
-                           tokens, level, start, shared)).start()
+    thread = threading.Thread(target=_compile_backward_twins, name="cakeconv-twins", daemon=True,
+                              args=(state, [item for item in twins if "_bwd_" in item[0]], forward, problem, target,
+                                    n, tokens, level, start, shared))
+    _twin_threads.append(thread)
+    thread.start()
     try:
         compile_items([item for item in twins if "_bwd_" not in item[0]], target, n)
     except BaseException:
@@ -355,12 +358,17 @@ def _compile_backward_twins(state: _Compile, items, forward: dict, problem, targ
         _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s (the forward's in %.1f s, of which recording "
                  "the step %.2f s; %s); the full ones compile in the background", problem,
                  time.perf_counter() - start, forward["ready"], forward["recorded"], forward["launchers"])
-        _compile_in_background(state, problem, target, n, tokens, level, start)
+        if _exiting:  # no background compile outlives the process
+            state.ready.set()
+        else:
+            _compile_in_background(state, problem, target, n, tokens, level, start)
     except BaseException as exc:  # noqa: BLE001 - the launches compile what they need, as without this
         state.ready.set()
         _warn(exc)
     finally:
         state.twins.set()
+        with contextlib.suppress(ValueError):
+            _twin_threads.remove(threading.current_thread())
 
 
 def _compile_in_background(state: _Compile, problem, target, n: int, tokens, level: int, start: float) -> None:
@@ -411,9 +419,13 @@ _exiting = False
 
 @atexit.register
 def _stop_children() -> None:
-    """This process is ending: stop the background warm-ups still running (and their workers)."""
+    """This process is ending: wait for the backward twins' compile threads (seconds: a compile thread
+    still inside the compiler while the process tears down could crash it), then stop the background
+    warm-ups still running (and their workers)."""
     global _exiting
     _exiting = True
+    for thread in list(_twin_threads):
+        thread.join(timeout=300)
     for proc in list(_children):
         if proc.poll() is None:  # (a finished one's group id may belong to another process by now)
             with contextlib.suppress(OSError):
