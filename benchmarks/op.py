@@ -159,25 +159,21 @@ class Shape:
         gen = torch.Generator(device=device).manual_seed(shape_seed(seed, S, C))
         self.sets = [(_normal(gen, (S, C)), _normal(gen, (S, C)))
                      for _ in range(max(2, min(max_sets, math.ceil(8 * l2_bytes / max(1, 2 * S * C * 2)))))]
-        self.taps_state, self.width = gen.get_state(), None
+        self.taps_state = gen.get_state()
         self.use_taps(*BASE_WA)
 
     def use_taps(self, width: int, act: str) -> None:
         """Taps [C, width] and bias of this width (see the class docstring), and the activation label act."""
-        if width != self.width:
-            gen = torch.Generator(device=self.device)
-            gen.set_state(self.taps_state)
-            self.w, self.b = _normal(gen, (self.C, width), 0.5), _normal(gen, (self.C,), 0.2)
+        gen = torch.Generator(device=self.device)
+        gen.set_state(self.taps_state)
+        self.w, self.b = _normal(gen, (self.C, width), 0.5), _normal(gen, (self.C,), 0.2)
         self.width, self.act, self.activation = width, act, None if act == "none" else act
 
     def chain_params(self, chain: int, use_bias: bool):
-        """``chain`` distinct taps (and biases) for the eager loop, the same for every provider."""
-        key = ("chain", chain, use_bias, self.width)
-        if key not in self.extra:
-            gen = torch.Generator(device=self.device).manual_seed(shape_seed(0, self.S, self.C) + 17)
-            ws = [_normal(gen, (self.C, self.width), 0.5) for _ in range(chain)]
-            self.extra[key] = ws, [_normal(gen, (self.C,), 0.2) if use_bias else None for _ in range(chain)]
-        return self.extra[key]
+        """``chain`` distinct taps (and biases) for the eager loop, the same for every provider (one seed)."""
+        gen = torch.Generator(device=self.device).manual_seed(shape_seed(0, self.S, self.C) + 17)
+        ws = [_normal(gen, (self.C, self.width), 0.5) for _ in range(chain)]
+        return ws, [_normal(gen, (self.C,), 0.2) if use_bias else None for _ in range(chain)]
 
     def where(self, use_bias=None) -> str:
         return f"{self.mix} S={self.S} C={self.C}" + ("" if use_bias is None else (
