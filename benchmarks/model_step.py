@@ -399,20 +399,19 @@ def run_part(args) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # parameters and inputs
     mode, (workloads, mixes) = args.mode if args.part == "mamba" else None, args.plan[args.part]
     result = {"part": args.part, "mode": mode, "rows": []}
-    for workload, mix in [(w, m) for w in workloads for m in mixes] + [(None, None)]:  # last: the environment alone
-        if workload is not None:
-            batches = make_batches(args, mix)
-            try:
-                variants = BUILDERS[workload](args, device, dtype)
-            except ImportError as exc:  # a library that is not installed: skipped
-                variants = skip_all([Variant(n) for n in VARIANTS[workload]], f"{type(exc).__name__}: {exc}")
-            except Exception as exc:  # noqa: BLE001 - one that does not build here: failed
-                variants = [Variant(n, error=f"building: {type(exc).__name__}: {exc}") for n in VARIANTS[workload]]
-            result["rows"] += workload_rows(args, workload, mix, mode, variants, batches, device)
-            del variants
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    for workload, mix in [(w, m) for w in workloads for m in mixes]:
+        batches = make_batches(args, mix)
+        try:
+            variants = BUILDERS[workload](args, device, dtype)
+        except ImportError as exc:  # a library that is not installed: skipped
+            variants = skip_all([Variant(n) for n in VARIANTS[workload]], f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one that does not build here: failed
+            variants = [Variant(n, error=f"building: {type(exc).__name__}: {exc}") for n in VARIANTS[workload]]
+        result["rows"] += workload_rows(args, workload, mix, mode, variants, batches, device)
+        del variants
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         result["env"] = run_environment(torch, device, "cpu (dry-run)")
         result["env"]["versions"] = {"fla": package_version("fla", "flash-linear-attention", "fla-core"), **VERSIONS,
                                      **{m: package_version(m) for m in ("causal_conv1d", "transformers", "einops")}}
