@@ -539,13 +539,13 @@ def add_speedups(rows) -> list:
     for row in rows:
         if row["provider"] not in PEERS + BASELINES:
             for peer in PEERS:
-                pm = by_key.get(row_key(row, provider=peer))
+                pm = by_key.get(row_key({**row, "provider": peer}))
                 row[f"speedup_vs_{peer}"] = (pm / row["ms"]) if pm else None
         if row["method"] in ("eager", "eager_step"):
-            g = by_key.get(row_key(row, method="gpu", pass_="fwdbwd"))
+            g = by_key.get(row_key({**row, "method": "gpu", "pass": "fwdbwd"}))
             row["eager_vs_gpu"] = (row["ms"] / g) if g else None
         if row["method"].startswith("host_"):
-            t = by_key.get(row_key(row, provider="trivial"))
+            t = by_key.get(row_key({**row, "provider": "trivial"}))
             row["ratio_to_trivial"] = (row["ms"] / t) if t else None
     return rows
 
@@ -569,7 +569,7 @@ def target_lines(rows, env) -> list[str]:
             out.append(f"# ours GPU time vs SPEC 7, {mix}{what}: {summary(checked, miss)}")
     idx = {row_key(r): r for r in gpu}  # [(row, its W = 4 + SiLU row)]:
     checked = [(r, idx[k]) for r in gpu if (r["width"], r["activation"]) != BASE_WA
-               and (k := row_key(r, width=BASE_WA[0], activation=BASE_WA[1])) in idx]
+               and (k := row_key({**r, "width": BASE_WA[0], "activation": BASE_WA[1]})) in idx]
     miss = [f"W{r['width']} {r['activation']} {r['mix']} {tag(r)} C{r['C']}:{r['fraction'] / b['fraction']:.3f}"
             for r, b in checked if r["fraction"] < WIDTH_TOLERANCE * b["fraction"]]
     if checked:

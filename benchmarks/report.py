@@ -194,10 +194,9 @@ METHOD_LABEL = {"gpu": "GPU time", "eager": "eager, chain", "eager_step": "eager
 COLORS = {"ours": "tab:blue", "ours_ag": "tab:cyan", "fla": "tab:orange", "dao": "tab:green", "dao_det": "tab:red"}
 
 
-def row_key(r, **over) -> tuple:
-    """(mix, method, S, C, width, activation, pass, bias, provider) of row r, any of them replaced (pass_=...)."""
-    k = {**r, **{("pass" if n == "pass_" else n): v for n, v in over.items()}}
-    return tuple(k[n] for n in ("mix", "method", "S", "C", "width", "activation", "pass", "bias", "provider"))
+def row_key(r) -> tuple:
+    """(mix, method, S, C, width, activation, pass, bias, provider) of row r."""
+    return tuple(r[n] for n in ("mix", "method", "S", "C", "width", "activation", "pass", "bias", "provider"))
 
 
 def wa_text(width, act) -> str:
