@@ -229,8 +229,7 @@ def run_layout(args, layout, device, clock):
         stats.update(time_eager(ops, taps, xs, dys, clock, args.chain, {"chain": "_eager_ms"}, args.eager_steps,
                                 0 if args.dry_run else 1))
     xs, dys, wbs, host_T = None, None, None, None  # freed before the host cost
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # a no-op without CUDA
     if args.host_steps > 0:  # the host cost at a tiny shape, its own context; untimed rounds compile its kernels
         h_lengths, _, h_ctx, h_inputs, h_taps = shape(args, args.host_tokens_per_rank * P, args.host_channels, layout,
                                                       P, device, args.seed + 1)
@@ -353,8 +352,7 @@ def run(argv=None) -> list[dict]:
         clock, rows = RankClock(torch, device, flush=True), []
         for layout in args.layouts:
             rows += build_rows(env, args, layout, *run_layout(args, layout, device, clock))
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # a no-op without CUDA
         if dist.get_rank() == 0:
             write_outputs(rows, env, args, time.perf_counter() - t_start)
         clock.barrier()

@@ -410,8 +410,7 @@ def run_part(args) -> dict:
         result["rows"] += workload_rows(args, workload, mix, mode, variants, batches, device)
         del variants
         gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # a no-op without CUDA
         result["env"] = run_environment(torch, device, "cpu (dry-run)")
         result["env"]["versions"] = {"fla": package_version("fla", "flash-linear-attention", "fla-core"), **VERSIONS,
                                      **{m: package_version(m) for m in ("causal_conv1d", "transformers", "einops")}}
