@@ -560,14 +560,14 @@ def target_lines(rows, env) -> list[str]:
         f"MISS {len(miss)}: " + " ".join(miss[:12]) + (" ..." if len(miss) > 12 else "") if miss else "all met")
     several = len({(r["width"], r["activation"]) for r in gpu}) > 1
     for mix, width, act in dict.fromkeys((r["mix"], r["width"], r["activation"]) for r in gpu):
-        scale = 1.0 if (width, act) == BASE_WA else WIDTH_TOLERANCE  # [(row, its target)]:
+        scale = 1.0 if (width, act) == BASE_WA else WIDTH_TOLERANCE  # checked: [(row, its target)]
         checked = [(r, t * scale) for r in gpu if (r["mix"], r["width"], r["activation"]) == (mix, width, act)
                    for lo, hi, t in target_steps(mix, r["pass"]) if r["C"] >= lo and (hi is None or r["C"] < hi)]
         miss = [f"{tag(r)} S{r['S']} C{r['C']}:{r['fraction']:.3f}<{t:.3f}" for r, t in checked if r["fraction"] < t]
         if checked:
             what = f", W = {width} {act}" + (" (targets x 0.97)" if scale != 1.0 else "") if several else ""
             out.append(f"# ours GPU time vs SPEC 7, {mix}{what}: {summary(checked, miss)}")
-    idx = {row_key(r): r for r in gpu}  # [(row, its W = 4 + SiLU row)]:
+    idx = {row_key(r): r for r in gpu}  # checked: [(row, its W = 4 + SiLU row)]
     checked = [(r, idx[k]) for r in gpu if (r["width"], r["activation"]) != BASE_WA
                and (k := row_key({**r, "width": BASE_WA[0], "activation": BASE_WA[1]})) in idx]
     miss = [f"W{r['width']} {r['activation']} {r['mix']} {tag(r)} C{r['C']}:{r['fraction'] / b['fraction']:.3f}"
