@@ -254,7 +254,8 @@ def test_a_second_thread_waits_for_the_first_ones_compile(asked, monkeypatch):
     compile_ahead.before_training_step(plans[1])  # the same problem, while the first thread compiles it
     events.append(("second returned", time.perf_counter()))
     first.join()
-    assert [e[0] for e in events] == ["compiled", "second returned"] and plans[1].ahead
+    forward = [e[0] for e in events if e[0] != "backward's compiled"]
+    assert forward == ["compiled", "second returned"] and plans[1].ahead
     # both run the quick twins until the full variants are in (the same events), their backward once the
     # backward's twins are in
     assert plans[0].told[0] == plans[1].told[0] and not compile_ahead.wait_for_kernels(0)
