@@ -211,8 +211,7 @@ def _compile_one(item):
     from .cake_causal_conv1d_det_train_backend.kernels.specialization import compile_specialization
 
     launch.cache_keys_in_fixed_order()  # the keys a run computes (launch.py)
-    fn = next(k.fn for k in launch.KERNELS if k.name == name)
-    return name, compile_specialization(fn, spec, target)
+    return name, compile_specialization(launch.KERNEL_FNS[name], spec, target)
 
 
 def _parse_target(text):
@@ -294,7 +293,8 @@ def warmup(problems, *, target="auto", jobs=None, progress=print, tokens=None) -
     from .cake_causal_conv1d_det_train_backend.compile_ahead import build_launchers, write_marker
 
     # the launchers of this machine's driver, for the GPU at hand only: a named target may be another machine's,
-    # and the compile ahead's background warm-up (which names it) runs beside a process that builds them itself
+    # and the compile ahead's background warm-up (which names it) runs beside a process that builds them itself.
+    # After the workers, not beside them: they are forked, and a fork beside a running thread may copy its locks
     outcome = "launchers left to the launches (a named target)"
     if target in (None, "", "auto"):
         launchers = build_launchers([(name, spec) for name, spec, _ in items], n_jobs)

@@ -62,13 +62,12 @@ def main(argv=None) -> int:
                        "triton": triton.__version__,
                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
               "command": "python tools/compile_times.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    fns = {k.name: k.fn for k in launch.KERNELS}
     for tier in a.tiers.split(","):
         rows = []
         for name, spec in {"full": full, "quick": quick}[tier]:
             with tempfile.TemporaryDirectory() as cache:
                 os.environ["TRITON_CACHE_DIR"] = cache
-                times = compile_specialization(fns[name], spec, target)
+                times = compile_specialization(launch.KERNEL_FNS[name], spec, target)
             rows.append({"kernel": name, **{k: v for k, v in times.items() if k != "cache_key"}})
             print(f"{tier:>5} {name:<34} {times['total']:7.1f} s (front end {times['front_end']:.1f}, "
                   f"LLVM {times['llvm']:.1f}, ptxas {times['ptxas']:.1f})", flush=True)

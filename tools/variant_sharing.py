@@ -36,14 +36,13 @@ def without_strides(fn, spec) -> str:
 
 def main(argv) -> None:
     target = cuda_target(90)
-    fns = {k.name: k.fn for k in launch.KERNELS}
     for group in argv or GROUPS:
         channels = [int(c) for c in group.split(",")]
         today, runtime = set(), set()
         for C in channels:
             specs = problem_specializations([WarmupProblem(C)], target)
             today |= set(specs)
-            runtime |= {(name, without_strides(fns[name], spec)) for name, spec in specs.values()}
+            runtime |= {(name, without_strides(launch.KERNEL_FNS[name], spec)) for name, spec in specs.values()}
         print(f"C = {group}: {len(today)} variants compile today, {len(runtime)} with runtime row strides")
 
 

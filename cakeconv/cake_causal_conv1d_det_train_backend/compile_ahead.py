@@ -222,11 +222,10 @@ def compile_items(items, target, n_threads: int) -> None:
     from .kernels import launch
 
     launch.cache_keys_in_fixed_order()  # before any thread hashes a kernel (launch.py)
-    fns = {k.name: k.fn for k in launch.KERNELS}
 
     def compile_one(item):
         name, (options, signature, constexprs, attrs) = item
-        src = _OneAtATime(fn=fns[name], signature=signature, constexprs=constexprs, attrs=attrs)
+        src = _OneAtATime(fn=launch.KERNEL_FNS[name], signature=signature, constexprs=constexprs, attrs=attrs)
         triton.compile(src, target=target, options=options.__dict__)
 
     with ThreadPoolExecutor(max(1, min(n_threads, len(items)))) as pool:
@@ -245,11 +244,10 @@ def build_launchers(items, n_threads: int) -> threading.Thread:
     joined."""
     from .kernels import launch, specialization
 
-    fns = {k.name: k.fn for k in launch.KERNELS}
-
     def run():
         try:
-            sources = list(dict.fromkeys(specialization.launcher_source(fns[name], spec) for name, spec in items))
+            sources = list(dict.fromkeys(specialization.launcher_source(launch.KERNEL_FNS[name], spec)
+                                         for name, spec in items))
             modules = [(specialization.driver_utils_source(), "cuda_utils")]
             modules += [(source, "__triton_launcher") for source in sources]
             with ThreadPoolExecutor(max(1, min(n_threads, len(modules)))) as pool:
@@ -328,31 +326,33 @@ def _start(state: _Compile, problem, target, n: int, tokens=None, quick: bool = 
              "and Triton cache; `python -m cakeconv warmup` compiles them ahead)", len(twins), problem, regime,
              target.arch, n, len(full))
     # the backward's twins compile on while the forward's run and torch prepares its first backward
-    forward = {"recorded": recorded - start, "done": threading.Event()}
+    from .kernels.launch import BACKWARD_KERNEL_NAMES
+
+    backward = [item for item in twins if item[0] in BACKWARD_KERNEL_NAMES]
+    forward = {"recorded": recorded - start}  # the forward twins' times, for the report
     thread = threading.Thread(target=_compile_backward_twins, name="cakeconv-twins", daemon=True,
-                              args=(state, [item for item in twins if "_bwd_" in item[0]], forward, problem, target,
-                                    n, tokens, level, start, shared))
+                              args=(state, backward, forward, problem, target, n, tokens, level, start, shared))
     _twin_threads.append(thread)
     thread.start()
     try:
-        compile_items([item for item in twins if "_bwd_" not in item[0]], target, n)
+        compile_items([item for item in twins if item not in backward], target, n)
     except BaseException:
         state.ready.set()  # no twins to run: the launches compile the full variants themselves
         raise
     finally:
         launchers.join()
         forward.update(ready=time.perf_counter() - start, launchers=launchers.outcome)
-        forward["done"].set()
+        state.first.set()  # the forward may launch (before_training_step sets it too, whatever happens)
 
 
 def _compile_backward_twins(state: _Compile, items, forward: dict, problem, target, n: int, tokens, level: int,
                             start: float, shared) -> None:
     """Compile the backward's quick twins (the forward's run meanwhile), start the background compile of the
     full variants (after the twins: it would take their CPU time), then set ``state.twins``. ``forward``: the
-    forward twins' times, for the report."""
+    forward twins' times, for the report, once ``state.first`` is set."""
     try:
         compile_items(items, target, n)
-        forward["done"].wait()
+        state.first.wait()
         if shared is not None:
             _twins_compiled.add(shared)
         _log.log(level, "cakeconv: quick kernels of %s ready in %.1f s (the forward's in %.1f s, of which recording "

@@ -271,6 +271,9 @@ QUICK_KERNELS = (FWD_QUICK, BWD_QUICK, BWD_ONE_GROUP_QUICK)  # the quick twins o
 WITH_TWINS = (FWD, BWD, BWD_ONE_GROUP)  # ... these (the other kernels serve both)
 KERNELS = (FWD, FWD_ROWS, BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_HEAD, BWD_DX_ROWS, HALO_GATHER, SEGMENT_IDS_BUILD,
            *QUICK_KERNELS)
+KERNEL_FNS = {k.name: k.fn for k in KERNELS}  # the Triton functions by kernel name (compiles ahead of the launches)
+BACKWARD_KERNEL_NAMES = frozenset(k.name for k in (BWD, BWD_ONE_GROUP, BWD_GROUP, BWD_HEAD, BWD_DX_ROWS, BWD_QUICK,
+                                                   BWD_ONE_GROUP_QUICK))  # launched by a backward only
 _CACHE_KEYS_READY = False
 
 
