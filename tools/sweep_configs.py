@@ -11,7 +11,9 @@ and commit, when --out is given.
     python tools/sweep_configs.py --C 512,2048 --width 8 --activation none --doc-mix uniform:1-64
 
 ``--extra`` adds configurations that tuning.py does not list (``fwd:`` or ``bwd:`` then the
-dataclass fields, several separated by ``;``), to try one before it becomes a candidate.
+dataclass fields, several separated by ``;``), to try one before it becomes a candidate. ``--quick``
+adds the kernels' quick twins (compile_ahead.py: what the first steps run while the full kernels
+compile), one row per pass and C named ``quick``.
 """
 
 import argparse
@@ -73,6 +75,22 @@ def time_calls(clock, fn_list, reps):
     return statistics.median(ts)
 
 
+def quick_calls(pass_, sets, inputs, cu, S, act):
+    """The calls of the pass's quick twins, one per input set (triton_forward / triton_backward with
+    ``quick=True`` launches)."""
+    w, b, ws, dw, db = inputs
+    x = sets[0][0]
+    meta = triton_launch.optional_meta(b, cu)
+    if pass_ == "fwd":
+        launch = triton_launch.prepare_forward(S, x.shape[1], x.stride(0), x.stride(0), x.dtype, w.dtype, *meta, None,
+                                               width=w.shape[1], activation=act, quick=True)
+        return [lambda s=s: launch.run(s[0], w, b, cu, s[2]) for s in sets]
+    launch = triton_launch.prepare_backward(S, x.shape[1], x.stride(0), x.stride(0), x.stride(0), x.dtype, x.dtype,
+                                            w.dtype, *meta, None, dw.dtype, width=w.shape[1], activation=act,
+                                            quick=True)
+    return [lambda s=s: launch.run(s[1], s[0], w, b, cu, s[3], ws, dw, db) for s in sets]
+
+
 def sweep_pass(pass_, C, picks, sets, inputs, cu, args, clock, bw):
     """Time every configuration of ``picks`` for one pass at one C; one row each (also printed)."""
     S = args.S
@@ -80,7 +98,9 @@ def sweep_pass(pass_, C, picks, sets, inputs, cu, args, clock, bw):
     act = None if args.activation == "none" else args.activation
     rows = []
     for cfg in picks:
-        if pass_ == "fwd":
+        if cfg == "quick":
+            fns = quick_calls(pass_, sets, inputs, cu, S, act)
+        elif pass_ == "fwd":
             fns = [lambda s=s: triton_launch.triton_forward(s[0], w, b, cu, None, s[2], config=cfg, activation=act)
                    for s in sets]
         else:
@@ -115,6 +135,7 @@ def parse_args():
     ap.add_argument("--bias", choices=("yes", "no"), default="yes")
     ap.add_argument("--width", type=int, default=4, help="taps W (2..8)")
     ap.add_argument("--activation", choices=("silu", "none"), default="silu")
+    ap.add_argument("--quick", action="store_true", help="also the quick twins (module docstring)")
     ap.add_argument("--shard", default="0/1", metavar="I/N",
                     help="only every N-th configuration from the I-th (compile warm-ups in N processes)")
     return ap.parse_args()
@@ -129,7 +150,7 @@ def candidates(pass_, C, args, extra, has_bias):
     else:
         picks = ([tuning.pick_bwd_config(C, 2, False, has_bias=has_bias, width=args.width)] if args.picks
                  else bwd_candidates(C)) + extra["bwd"]
-    return picks[shard::n_shards]
+    return (picks + ["quick"] * args.quick)[shard::n_shards]
 
 
 def main():

@@ -193,7 +193,7 @@ def _bwd_step(xs, dys, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, his
               HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr,
               FEW: tl.constexpr, SUB: tl.constexpr, RECOMPUTE: tl.constexpr, ACT: tl.constexpr,
               STEP: tl.constexpr, BOUNDS: tl.constexpr = True, DB: tl.constexpr = True):
-    """One loop step of _bwd_run (STEP = 4 rows, 8 from W = 6 on; below, STEP = 4): g of rows
+    """One loop step of _bwd_run (STEP = 4 rows, 8 from W = 6 on, 1 in the quick twin; below, STEP = 4): g of rows
     t+H .. t+H+3 (``xs``: x rows t .. t+H+3, ``dys``: dy rows t+H .. t+H+3), their dweight/dbias
     terms (rows inside the leaf only), and dx of rows t .. t+3 from g[t .. t+H+3] (``gs``, ``ds``,
     ``es``: g, segment and segment end of the carried rows t .. t+H-1).
@@ -253,7 +253,8 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
              n_seg, seq_len, seg, b, ws,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
-             STEP_BRANCH: tl.constexpr, ACT: tl.constexpr, BOUNDS: tl.constexpr = True, DB: tl.constexpr = True):
+             STEP_BRANCH: tl.constexpr, ACT: tl.constexpr, BOUNDS: tl.constexpr = True, DB: tl.constexpr = True,
+             ROWS_PER_STEP: tl.constexpr = 0):
     """Walk R leaves from rows0 ([R]); returns the W + 1 [R, BC] accumulators (one row per leaf):
     the tuple of the W taps' and the bias's.
 
@@ -267,6 +268,9 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     rows loaded two steps earlier) stopped it.
     STEP_BRANCH (a speed choice, same bits): in a FEW masked program, the steps away from every
     boundary run the unmasked body (faster on the H200 at C >= 512 without bias).
+    ROWS_PER_STEP: the loop's rows per step when > 0 (the quick twin's 1: a smaller loop body to
+    compile, the same bits, since every row takes the same FMAs in the same order whatever the
+    step); 0: 4, or 8 from W = 6 on (below).
     BOUNDS: rows outside [0, S) read as zero and are not stored. Masked programs of many segments
     that touch no such row (rows p0 - H .. p_last + H inside) run without it: the checks and
     their predicates cost the short-document loop 12 of its 53 instructions per element (sm_90
@@ -276,7 +280,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     H: tl.constexpr = W - 1
     # Rows per step: 4, or 8 when the H carried rows outnumber 4 (W >= 6): Triton software-pipelines
     # the loads only when each loaded row is used in its own step and the next alone.
-    STEP: tl.constexpr = 4 + 4 * (H > 4)
+    STEP: tl.constexpr = ROWS_PER_STEP if ROWS_PER_STEP > 0 else 4 + 4 * (H > 4)
     # x rows rows0 - H .. rows0 + H - 1, dy rows rows0 .. rows0 + H - 1
     xs = ()
     for j in tl.static_range(2 * H):
@@ -330,8 +334,15 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         for k in tl.static_range(STEP):
             new_dy = new_dy + (load_at(dyp + (H + k) * sdy, row_offset(t, H + k), cmask, S, MASKED and BOUNDS),)
         new_ids = ()
-        for k in tl.static_range(0, STEP, 4):
-            new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, ids[0], H + k, IDS, BOUNDS)
+        if STEP % 4 == 0:
+            for k in tl.static_range(0, STEP, 4):
+                new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, ids[0], H + k, IDS, BOUNDS)
+        else:
+            for k in tl.static_range(STEP):
+                if IDS:
+                    new_ids = new_ids + (load_ids(cu_ptr, t + (H + k), n_seg, seq_len, BOUNDS),)
+                else:
+                    new_ids = new_ids + (ids[0],)
         all_ids = ids + new_ids
         all_x = xs + new_x
         gs, ds, es = _split_rows(carried)
@@ -454,8 +465,10 @@ def cake_conv_bwd_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist
 
     Every program takes the one walk that is right for any program, the masked walk of many segments
     with row bounds, in one stage and without the step branch (every walk computes the same bits
-    for the programs it is taken for). One row walk in the IR instead of four: Triton's layout pass
-    grows faster than the IR's size. The row strides are integer arguments (sx8, sdy8, sdx8: strides
+    for the programs it is taken for), one row a step. One row walk in the IR instead of four, and
+    its loop body one row instead of four (eight from W = 6 on): Triton's layout pass grows faster
+    than the IR's size (sm_90, this kernel at W = 4: 2.3 s to compile with 4-row steps, 1.1 s with
+    1-row steps; W = 8: 23.1 s and 3.8 s). The row strides are integer arguments (sx8, sdy8, sdx8: strides
     / 8) and the launch configuration is one for every C (launch.py), so the compiled kernel depends
     on the dtypes, the flags, W and the activation only. The partials' tree level LOGR is part of the
     summation order's bottom levels, which R never changes (module docstring). It runs slower.
@@ -469,7 +482,7 @@ def cake_conv_bwd_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist
     acc, accb = _bwd_run(
         x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx8 * 8, sdy8 * 8, sdx8 * 8, S, C,
         n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, False, ACT, True,
-        DB=HAS_BIAS)
+        DB=HAS_BIAS, ROWS_PER_STEP=1)
     store_node(ws_ptr, pid_s, acc, accb, cols, cmask, C, R, BC, LOGR, W)
 
 
