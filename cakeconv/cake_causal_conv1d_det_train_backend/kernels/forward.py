@@ -84,7 +84,7 @@ def _fwd_step(yp, t, rows, b, ws, cu_ptr, hist_ptr, cols, cmask, sy, S, C, n_seg
 def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n_seg, seq_len,
              seg, b, ws,
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr, SUB: tl.constexpr,
-             STAGES: tl.constexpr, ACT: tl.constexpr, BOUNDS: tl.constexpr = True):
+             STAGES: tl.constexpr, ACT: tl.constexpr, BOUNDS: tl.constexpr = True, ROWS_PER_STEP: tl.constexpr = 0):
     """Walk the R sub-runs starting at rows0 ([R]) for SUB rows, STEP rows per step.
 
     STAGES > 1 lets Triton software-pipeline the loop: the loads of the next STAGES - 1 steps go to
@@ -93,10 +93,11 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
     are not stored; without it every row the program touches lies inside, and nothing is checked.
     The H rows before the step's are carried from step to step (a tuple of tiles). Triton pipelines
     the loads only when a loaded row lives in its own step and the next one alone, so a step takes
-    at least H rows: STEP = 4 up to W = 5, 8 above.
+    at least H rows: STEP = 4 up to W = 5, 8 above. ROWS_PER_STEP > 0 sets STEP instead (the quick
+    twin's 1: a smaller loop body to compile, the same bits).
     """
     H: tl.constexpr = len(ws) - 1
-    STEP: tl.constexpr = 4 + 4 * (H > 4)
+    STEP: tl.constexpr = ROWS_PER_STEP if ROWS_PER_STEP > 0 else 4 + 4 * (H > 4)
     hist = ()
     for j in tl.static_range(H):
         hist = hist + (load_rows(x_ptr, rows0 - (H - j), sx, cols, cmask, S, MASKED and BOUNDS),)
@@ -118,8 +119,15 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         for k in tl.static_range(STEP):
             new_x = new_x + (load_at(rows_ahead(xp, k, sx), row_offset(t, k), cmask, S, MASKED and BOUNDS),)
         new_ids = ()
-        for k in tl.static_range(0, STEP, 4):
-            new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, hist_ids[0], k, IDS, BOUNDS)
+        if STEP % 4 == 0:
+            for k in tl.static_range(0, STEP, 4):
+                new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, hist_ids[0], k, IDS, BOUNDS)
+        else:
+            for k in tl.static_range(STEP):
+                if IDS:
+                    new_ids = new_ids + (load_ids(cu_ptr, row_offset(t, k), n_seg, seq_len, BOUNDS),)
+                else:
+                    new_ids = new_ids + (hist_ids[0],)
         rows = hist + new_x
         ids = hist_ids + new_ids
         _fwd_step(y_base + i * sy, t, rows, b, ws, cu_ptr, hist_ptr, cols, cmask, sy, S, C, n_seg, seq_len, seg, ids,
@@ -181,7 +189,8 @@ def cake_conv_fwd_quick_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
 
     Every program takes the one walk that is right for any program, the masked walk of many
     segments with row bounds, in one stage (each walk computes every element with the same FMAs: the
-    full kernel's four walks differ in what they may skip, not in the arithmetic). The row strides
+    full kernel's four walks differ in what they may skip, not in the arithmetic), one row a step (a
+    smaller loop body to compile). The row strides
     are integer arguments (sx8, sy8: strides / 8) and the launch configuration is one for every C
     (launch.py), so the compiled kernel depends on the dtypes, the flags, W and the activation only.
     It runs slower than the full kernel.
@@ -191,7 +200,7 @@ def cake_conv_fwd_quick_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     n_lo, _ = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last, seq_len, HAS_CU)
     _, _, seg = program_segments(cu_ptr, n_seg, n_lo, p_last, seq_len, HAS_CU)
     _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx8 * 8, sy8 * 8, S, C, n_seg, seq_len,
-             seg, b, ws, HAS_CU, HAS_HIST, True, False, SUB, 1, ACT, True)
+             seg, b, ws, HAS_CU, HAS_HIST, True, False, SUB, 1, ACT, True, ROWS_PER_STEP=1)
 
 
 @triton.jit(do_not_specialize=["n_rows", "S", "C8", "n_seg"])
