@@ -754,3 +754,46 @@ def test_recording_a_step_leaves_torchs_first_backward_to_the_step():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
                          env=dict(os.environ, PYTHONPATH=REPO))
     assert run.returncode == 0 and run.stdout.split() == ["False"], run.stderr
+
+
+_KEY_AHEAD = """
+import json, multiprocessing, sys
+import cakeconv
+from cakeconv.cake_causal_conv1d_det_train_backend import compile_ahead
+from triton.runtime.cache import triton_key
+
+
+def child(queue):
+    queue.put(compile_ahead.key_ahead() is None)
+
+
+if __name__ == "__main__":
+    thread = compile_ahead._key_thread
+    if thread is not None:
+        thread.join(120)
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    none_in_child = queue.get(timeout=120)
+    proc.join(60)
+    print(json.dumps({"thread": thread is not None, "computed": triton_key.cache_info().currsize,
+                      "none_in_child": none_in_child}))
+"""
+
+
+@pytest.mark.parametrize("env,started", [({}, True), ({"CAKECONV_KEY_AHEAD": "0"}, False),
+                                         ({"TRITON_INTERPRET": "1"}, False)])
+def test_tritons_installation_key_is_computed_ahead_at_import(tmp_path, env, started):
+    """Importing cakeconv starts a thread computing Triton's installation key (what a warm-cache first
+    compile spends most of its time on), and the key is then kept by Triton: not with
+    CAKECONV_KEY_AHEAD=0, not in the interpreter, never in a multiprocessing child."""
+    script = tmp_path / "key_ahead.py"
+    script.write_text(_KEY_AHEAD)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("CAKECONV_KEY_AHEAD", "TRITON_INTERPRET")}
+    full_env.update(env, PYTHONPATH=REPO)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, env=full_env,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out == {"thread": started, "computed": int(started), "none_in_child": True}, out

@@ -54,7 +54,8 @@ as before. The bits never depend on which tier ran.
 
 ``CAKECONV_COMPILE_THREADS``: the number of threads (default: the CPU count, at most the number of
 variants); ``0`` or ``1`` turns this off (each kernel compiles on its first launch).
-``CAKECONV_QUICK_KERNELS=0``: no quick tier (the first step waits for the full variants). A failure
+``CAKECONV_QUICK_KERNELS=0``: no quick tier (the first step waits for the full variants).
+``CAKECONV_KEY_AHEAD=0``: no thread computing Triton's installation key at import (``key_ahead``). A failure
 here is reported once as a warning and the launches compile what they need, as without it. Capturing
 a CUDA graph while the full variants compile waits for them (a graph keeps the kernels it captured);
 ``wait_for_kernels()`` waits for them too (e.g. before timing a steady state).
@@ -87,6 +88,7 @@ from triton.compiler import ASTSource
 
 ENV_THREADS = "CAKECONV_COMPILE_THREADS"
 ENV_QUICK = "CAKECONV_QUICK_KERNELS"
+ENV_KEY_AHEAD = "CAKECONV_KEY_AHEAD"
 
 _states: dict = {}  # (capability, problem, regime tokens) -> its _Compile
 _twins_compiled: set = set()  # the twins_key of every problem whose quick twins this process compiled
@@ -543,3 +545,39 @@ def before_training_step(plan) -> None:
             plan.run_early_until(state.ready, state.twins)
     except Exception as exc:  # noqa: BLE001 - the launches compile what they need, as without this
         _warn(exc)
+
+
+def key_ahead() -> threading.Thread | None:
+    """Start computing Triton's installation key in a thread (called as this module is imported);
+    returns the thread, or None where it does not start.
+
+    Every process's first Triton compile, a disk-cache hit too, computes ``triton_key()``: a SHA-256
+    over Triton's compiler files and its 400+ MB ``libtriton`` (0.49 s of a 0.51 s warm-cache
+    compile of three kernels on a 2-core CPU), then keeps it (``functools.lru_cache``). Computed here
+    beside the rest of the process's start (hashlib lets go of the GIL while it hashes), a first
+    training call on a warm cache finds it ready. Every package it walks is imported by then (Triton
+    imports its backends and ``triton.language``'s extras), so the thread takes no import lock. Not
+    started in the interpreter (nothing compiles), in a child of ``multiprocessing`` (data-loader
+    workers launch no kernels; ranks started by ``torch.multiprocessing.spawn`` are such children too,
+    and their first compile computes the key as before), or with ``CAKECONV_KEY_AHEAD=0``.
+    """
+    from .constants import INTERPRET
+
+    if INTERPRET or os.environ.get(ENV_KEY_AHEAD, "1") == "0":
+        return None
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return None
+    from triton.runtime.cache import triton_key
+
+    def run():
+        with contextlib.suppress(Exception):  # the first compile computes it, as without this thread
+            triton_key()
+
+    thread = threading.Thread(target=run, name="cakeconv-triton-key", daemon=True)
+    thread.start()
+    return thread
+
+
+_key_thread = key_ahead()
