@@ -287,10 +287,16 @@ def cache_keys_in_fixed_order() -> None:
     depends on which kernels the process hashed before (measured: the backward kernel's key differs
     after the one-group kernel was compiled). Hashing all of them in one fixed order first gives
     every process the same keys, whatever its first launch: what ``cakeconv.warmup`` compiled ahead
-    is what a run finds. Costs about 20 ms, once.
+    is what a run finds. Costs about 20 ms, once. Waits for Triton's installation key if the thread
+    started at import is still computing it (``compile_ahead.key_ahead``: the first compile would
+    otherwise compute it a second time beside it).
     """
     global _CACHE_KEYS_READY
     if not _CACHE_KEYS_READY:
+        from ..compile_ahead import _key_thread
+
+        if _key_thread is not None:
+            _key_thread.join()
         for kernel in KERNELS:
             kernel.fn.cache_key  # noqa: B018 (computed and kept by Triton)
         _CACHE_KEYS_READY = True
