@@ -254,7 +254,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
              HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, HAS_FUT: tl.constexpr, MASKED: tl.constexpr, FEW: tl.constexpr,
              SUB: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, STAGES: tl.constexpr,
              STEP_BRANCH: tl.constexpr, ACT: tl.constexpr, BOUNDS: tl.constexpr = True, DB: tl.constexpr = True,
-             ROWS_PER_STEP: tl.constexpr = 0):
+             ROWS_PER_STEP: tl.constexpr = 0, HEAD_LOOP: tl.constexpr = False):
     """Walk R leaves from rows0 ([R]); returns the W + 1 [R, BC] accumulators (one row per leaf):
     the tuple of the W taps' and the bias's.
 
@@ -270,7 +270,8 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     boundary run the unmasked body (faster on the H200 at C >= 512 without bias).
     ROWS_PER_STEP: the loop's rows per step when > 0 (the quick twin's 1: a smaller loop body to
     compile, the same bits, since every row takes the same FMAs in the same order whatever the
-    step); 0: 4, or 8 from W = 6 on (below).
+    step); 0: 4, or 8 from W = 6 on (below). HEAD_LOOP (the quick twin, a masked walk of many segments):
+    the first H rows' g in a loop of one row a step too (``_bwd_head_loop``), not unrolled.
     BOUNDS: rows outside [0, S) read as zero and are not stored. Masked programs of many segments
     that touch no such row (rows p0 - H .. p_last + H inside) run without it: the checks and
     their predicates cost the short-document loop 12 of its 53 instructions per element (sm_90
@@ -281,43 +282,48 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     # Rows per step: 4, or 8 when the H carried rows outnumber 4 (W >= 6): Triton software-pipelines
     # the loads only when each loaded row is used in its own step and the next alone.
     STEP: tl.constexpr = ROWS_PER_STEP if ROWS_PER_STEP > 0 else 4 + 4 * (H > 4)
-    # x rows rows0 - H .. rows0 + H - 1, dy rows rows0 .. rows0 + H - 1
-    xs = ()
-    for j in tl.static_range(2 * H):
-        xs = xs + (load_rows(x_ptr, row_offset(rows0, j - H), sx, cols, cmask, S, MASKED and BOUNDS),)
-    dys = ()
-    for j in tl.static_range(H):
-        dys = dys + (load_rows(dy_ptr, row_offset(rows0, j), sdy, cols, cmask, S, MASKED and BOUNDS),)
-    accs = ()
-    for k in tl.static_range(W):
-        accs = accs + (tl.zeros([R, BC], dtype=tl.float32),)
-    accb = tl.zeros([R, BC], dtype=tl.float32)
-    # Many segments with per-token indices: the indices of rows t..t+H-1 are carried from step to
-    # step, those of rows t+H..t+H+3 loaded with x and dy (placeholders otherwise; nothing reads them).
     IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
-    if IDS:
-        pre_ids = ()
-        for j in tl.static_range(2 * H):
-            pre_ids = pre_ids + (load_ids(cu_ptr, row_offset(rows0, j - H), n_seg, seq_len, BOUNDS),)
-        # the rows after rows0 + H - 1 are not needed here: (d, end) of rows t..t+H-1 are the step's
-        segs = ids_windows(pre_ids, H, H)
-        ids = pre_ids[H:]
+    if HEAD_LOOP:  # the quick twin: the head's H rows one per loop step (_bwd_head_loop)
+        xs, ids, carried, accs, accb = _bwd_head_loop(
+            x_ptr, dy_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sdy, S, C, n_seg, seq_len, seg, b, ws,
+            HAS_CU, HAS_HIST, MASKED and BOUNDS, BOUNDS, IDS, ACT, R, BC, DB)
     else:
-        ids = ()
-        segs = ()
+        # x rows rows0 - H .. rows0 + H - 1, dy rows rows0 .. rows0 + H - 1
+        xs = ()
+        for j in tl.static_range(2 * H):
+            xs = xs + (load_rows(x_ptr, row_offset(rows0, j - H), sx, cols, cmask, S, MASKED and BOUNDS),)
+        dys = ()
         for j in tl.static_range(H):
-            ids = ids + (rows0 * 0,)
-            segs = segs + (seg,)
-    # the carried rows t .. t+H-1: one (g, segment, segment end) triple per row, in row order (the
-    # loop-carried values then come in the order of the width-4 code, which kept g0, d0, e0, g1, ...)
-    carried = ()
-    for k in tl.static_range(H):
-        win = xs[k:k + W]
-        g, dk, sk, ek, win = bwd_g_rows(win, dys[k], row_offset(rows0, k), b, ws, cu_ptr, hist_ptr,
-                                        cols, cmask, C, n_seg, seq_len, segs[k], HAS_CU, HAS_HIST, MASKED, FEW, ACT)
-        accs, accb = _acc_row(accs, accb, g, win, True, DB)
-        carried = carried + ((g, dk, ek),)
-    xs = xs[H:]
+            dys = dys + (load_rows(dy_ptr, row_offset(rows0, j), sdy, cols, cmask, S, MASKED and BOUNDS),)
+        accs = ()
+        for k in tl.static_range(W):
+            accs = accs + (tl.zeros([R, BC], dtype=tl.float32),)
+        accb = tl.zeros([R, BC], dtype=tl.float32)
+        # Many segments with per-token indices: the indices of rows t..t+H-1 are carried from step to
+        # step, those of rows t+H..t+H+3 loaded with x and dy (placeholders otherwise; nothing reads them).
+        if IDS:
+            pre_ids = ()
+            for j in tl.static_range(2 * H):
+                pre_ids = pre_ids + (load_ids(cu_ptr, row_offset(rows0, j - H), n_seg, seq_len, BOUNDS),)
+            # the rows after rows0 + H - 1 are not needed here: (d, end) of rows t..t+H-1 are the step's
+            segs = ids_windows(pre_ids, H, H)
+            ids = pre_ids[H:]
+        else:
+            ids = ()
+            segs = ()
+            for j in tl.static_range(H):
+                ids = ids + (rows0 * 0,)
+                segs = segs + (seg,)
+        # the carried rows t .. t+H-1: one (g, segment, segment end) triple per row, in row order (the
+        # loop-carried values then come in the order of the width-4 code, which kept g0, d0, e0, g1, ...)
+        carried = ()
+        for k in tl.static_range(H):
+            win = xs[k:k + W]
+            g, dk, sk, ek, win = bwd_g_rows(win, dys[k], row_offset(rows0, k), b, ws, cu_ptr, hist_ptr,
+                                            cols, cmask, C, n_seg, seq_len, segs[k], HAS_CU, HAS_HIST, MASKED, FEW, ACT)
+            accs, accb = _acc_row(accs, accb, g, win, True, DB)
+            carried = carried + ((g, dk, ek),)
+        xs = xs[H:]
     x_base = row_ptrs(x_ptr, rows0, sx, cols)
     dy_base = row_ptrs(dy_ptr, rows0, sdy, cols)
     dx_base = row_ptrs(dx_ptr, rows0, sdx, cols)
@@ -371,6 +377,54 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         else:  # those recompute (d, end) of their rows: nothing of theirs to carry
             carried = _join_rows(all_g[STEP:], ds, es)
     return accs, accb
+
+
+@triton.jit
+def _bwd_head_loop(x_ptr, dy_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sdy, S, C, n_seg, seq_len, seg, b, ws,
+                   HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, ROWMASK: tl.constexpr, BOUNDS: tl.constexpr,
+                   IDS: tl.constexpr, ACT: tl.constexpr, R: tl.constexpr, BC: tl.constexpr, DB: tl.constexpr):
+    """_bwd_run's head for a masked walk of many segments (the quick twin), one row a loop step: g of
+    rows rows0 .. rows0 + H - 1 added to fresh accumulators in row order, as the unrolled head adds them.
+
+    Returns (xs, ids, carried, accs, accb) as the unrolled head leaves them: x rows rows0 .. rows0 + H - 1,
+    their segment indices (IDS; placeholders otherwise), their (g, segment, end) triples, and the
+    accumulators. Each row's g comes from the same x window and dy row through the same helper, so the
+    bits are the unrolled head's; with IDS a row's window of indices holds the rows up to itself (the
+    unrolled head's also held later rows of the head, which g never reads: history_flags looks back).
+    """
+    W: tl.constexpr = len(ws)
+    H: tl.constexpr = W - 1
+    xs = ()
+    ids = ()
+    carried = ()
+    for j in tl.static_range(H):
+        xs = xs + (load_rows(x_ptr, row_offset(rows0, j - H), sx, cols, cmask, S, ROWMASK),)
+        if IDS:
+            ids = ids + (load_ids(cu_ptr, row_offset(rows0, j - H), n_seg, seq_len, BOUNDS),)
+        else:
+            ids = ids + (rows0 * 0,)
+        carried = carried + ((tl.zeros([R, BC], dtype=tl.float32), rows0 * 0, rows0 * 0),)
+    accs = ()
+    for k in tl.static_range(W):
+        accs = accs + (tl.zeros([R, BC], dtype=tl.float32),)
+    accb = tl.zeros([R, BC], dtype=tl.float32)
+    for j in tl.range(0, H):
+        t = rows0 + j
+        win = xs + (load_rows(x_ptr, t, sx, cols, cmask, S, ROWMASK),)
+        dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, ROWMASK)
+        if IDS:
+            all_ids = ids + (load_ids(cu_ptr, t, n_seg, seq_len, BOUNDS),)
+            seg_t = ids_windows(all_ids, 1, H)[0]
+        else:
+            all_ids = ids + (rows0 * 0,)
+            seg_t = seg
+        g, dk, sk, ek, used = bwd_g_rows(win, dy, t, b, ws, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, seg_t,
+                                         HAS_CU, HAS_HIST, True, False, ACT)
+        accs, accb = _acc_row(accs, accb, g, used, True, DB)
+        carried = carried[1:] + ((g, dk, ek),)
+        xs = win[1:]
+        ids = all_ids[1:]
+    return xs, ids, carried, accs, accb
 
 
 @triton.jit
@@ -482,7 +536,7 @@ def cake_conv_bwd_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist
     acc, accb = _bwd_run(
         x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx8 * 8, sdy8 * 8, sdx8 * 8, S, C,
         n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, False, SUB, R, BC, 1, False, ACT, True,
-        DB=HAS_BIAS, ROWS_PER_STEP=1)
+        DB=HAS_BIAS, ROWS_PER_STEP=1, HEAD_LOOP=True)
     store_node(ws_ptr, pid_s, acc, accb, cols, cmask, C, R, BC, LOGR, W)
 
 
