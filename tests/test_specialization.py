@@ -47,8 +47,12 @@ def triton_specialization(fn, args, options, params=None):
 
 
 def compile_front_end(fn, options, signature, constexprs, attrs):
-    """AST -> TTIR (+ the TTIR passes) for sm_90: where argument types and constants are used."""
+    """AST -> TTIR (+ the TTIR passes) for sm_90: where argument types and constants are used. The kernels'
+    cache keys are computed in the library's fixed order first, as before any compile of the library's
+    (launch.cache_keys_in_fixed_order): a key computed here first would differ from a fresh process's."""
     from triton._C.libtriton import ir
+
+    launch.cache_keys_in_fixed_order()
 
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     context = ir.context()

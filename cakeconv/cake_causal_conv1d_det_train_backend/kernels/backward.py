@@ -391,40 +391,56 @@ def _bwd_head_loop(x_ptr, dy_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sdy,
     accumulators. Each row's g comes from the same x window and dy row through the same helper, so the
     bits are the unrolled head's; with IDS a row's window of indices holds the rows up to itself (the
     unrolled head's also held later rows of the head, which g never reads: history_flags looks back).
+    Row rows0 is taken before the loop: its triple, H times, starts the carried tuple (the segment
+    and end have the dtypes of cu_seqlens' path, which only a computed row tells).
     """
     W: tl.constexpr = len(ws)
     H: tl.constexpr = W - 1
     xs = ()
     ids = ()
-    carried = ()
     for j in tl.static_range(H):
         xs = xs + (load_rows(x_ptr, row_offset(rows0, j - H), sx, cols, cmask, S, ROWMASK),)
         if IDS:
             ids = ids + (load_ids(cu_ptr, row_offset(rows0, j - H), n_seg, seq_len, BOUNDS),)
         else:
             ids = ids + (rows0 * 0,)
-        carried = carried + ((tl.zeros([R, BC], dtype=tl.float32), rows0 * 0, rows0 * 0),)
     accs = ()
     for k in tl.static_range(W):
         accs = accs + (tl.zeros([R, BC], dtype=tl.float32),)
     accb = tl.zeros([R, BC], dtype=tl.float32)
-    for j in tl.range(0, H):
-        t = rows0 + j
-        win = xs + (load_rows(x_ptr, t, sx, cols, cmask, S, ROWMASK),)
-        dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, ROWMASK)
-        if IDS:
-            all_ids = ids + (load_ids(cu_ptr, t, n_seg, seq_len, BOUNDS),)
-            seg_t = ids_windows(all_ids, 1, H)[0]
-        else:
-            all_ids = ids + (rows0 * 0,)
-            seg_t = seg
-        g, dk, sk, ek, used = bwd_g_rows(win, dy, t, b, ws, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, seg_t,
-                                         HAS_CU, HAS_HIST, True, False, ACT)
-        accs, accb = _acc_row(accs, accb, g, used, True, DB)
-        carried = carried[1:] + ((g, dk, ek),)
-        xs = win[1:]
-        ids = all_ids[1:]
+    xs, ids, triple, accs, accb = _bwd_head_row(x_ptr, dy_ptr, cu_ptr, hist_ptr, rows0, xs, ids, accs, accb, cols,
+                                                cmask, sx, sdy, S, C, n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST,
+                                                ROWMASK, BOUNDS, IDS, ACT, DB)
+    carried = ()
+    for j in tl.static_range(H):
+        carried = carried + (triple,)
+    for j in tl.range(1, H):
+        xs, ids, triple, accs, accb = _bwd_head_row(x_ptr, dy_ptr, cu_ptr, hist_ptr, rows0 + j, xs, ids, accs, accb,
+                                                    cols, cmask, sx, sdy, S, C, n_seg, seq_len, seg, b, ws, HAS_CU,
+                                                    HAS_HIST, ROWMASK, BOUNDS, IDS, ACT, DB)
+        carried = carried[1:] + (triple,)
     return xs, ids, carried, accs, accb
+
+
+@triton.jit
+def _bwd_head_row(x_ptr, dy_ptr, cu_ptr, hist_ptr, t, xs, ids, accs, accb, cols, cmask, sx, sdy, S, C, n_seg,
+                  seq_len, seg, b, ws, HAS_CU: tl.constexpr, HAS_HIST: tl.constexpr, ROWMASK: tl.constexpr,
+                  BOUNDS: tl.constexpr, IDS: tl.constexpr, ACT: tl.constexpr, DB: tl.constexpr):
+    """One row t of _bwd_head_loop: its g from x rows t - H .. t (``xs``: the H before it) and dy[t], added
+    to the accumulators; returns the window and indices moved on by one row, its (g, segment, end)
+    triple and the accumulators."""
+    win = xs + (load_rows(x_ptr, t, sx, cols, cmask, S, ROWMASK),)
+    dy = load_rows(dy_ptr, t, sdy, cols, cmask, S, ROWMASK)
+    if IDS:
+        all_ids = ids + (load_ids(cu_ptr, t, n_seg, seq_len, BOUNDS),)
+        seg_t = ids_windows(all_ids, 1, len(ws) - 1)[0]
+    else:
+        all_ids = ids + (t * 0,)
+        seg_t = seg
+    g, dk, sk, ek, used = bwd_g_rows(win, dy, t, b, ws, cu_ptr, hist_ptr, cols, cmask, C, n_seg, seq_len, seg_t,
+                                     HAS_CU, HAS_HIST, True, False, ACT)
+    accs, accb = _acc_row(accs, accb, g, used, True, DB)
+    return win[1:], all_ids[1:], (g, dk, ek), accs, accb
 
 
 @triton.jit
