@@ -636,16 +636,17 @@ def cake_conv_bwd_one_group_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu
     dw and db bit for bit as ``cake_conv_bwd_one_group_kernel`` writes them."""
     cake_conv_bwd_quick_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, fut_ptr, ws_ptr, S, C8, n_seg,
                                seq_len, sx8, sdy8, sdx8, HAS_BIAS, HAS_CU, HAS_HIST, HAS_FUT, R, LOGR, SUB, BC, W, ACT)
-    add_one_group(ws_ptr, dw_ptr, db_ptr, ticket_ptr, S, C8, HAS_BIAS, R, SUB, BC, W, M, LOGM, EPI_BC)
+    add_one_group(ws_ptr, dw_ptr, db_ptr, ticket_ptr, S, C8, HAS_BIAS, R, SUB, BC, W, M, LOGM, EPI_BC, TAPS_LOOP=True)
 
 
 @triton.jit
 def add_one_group(ws_ptr, dw_ptr, db_ptr, ticket_ptr, S, C8, HAS_BIAS: tl.constexpr, R: tl.constexpr,
                   SUB: tl.constexpr, BC: tl.constexpr, W: tl.constexpr, M: tl.constexpr, LOGM: tl.constexpr,
-                  EPI_BC: tl.constexpr):
+                  EPI_BC: tl.constexpr, TAPS_LOOP: tl.constexpr = False):
     """The one-group kernels' end (after the program wrote its node): the program that draws the last
     ticket of its channel block adds the block's M nodes and writes dw and db
-    (``cake_conv_bwd_one_group_kernel``'s docstring)."""
+    (``cake_conv_bwd_one_group_kernel``'s docstring). TAPS_LOOP (the quick twin): the taps one per loop
+    step instead of unrolled (a smaller IR to compile; each tap's sum is its own, so the same bits)."""
     C = C8 * 8
     n_cblk = tl.cdiv(C, BC)
     pid_c = tl.program_id(0) % n_cblk
@@ -657,16 +658,25 @@ def add_one_group(ws_ptr, dw_ptr, db_ptr, ticket_ptr, S, C8, HAS_BIAS: tl.conste
         for j in tl.static_range(BC // EPI_BC):
             cols = pid_c * BC + j * EPI_BC + tl.arange(0, EPI_BC)
             cm = cols < C
-            for k in tl.static_range(W):
-                v = tl.load(ws_ptr + node_off + k * C + cols[None, :], mask=nmask & cm[None, :], other=0.0,
-                            cache_modifier=".cg")
-                tl.store(dw_ptr + cols * W + k, pairwise_sum_rows(v, M, EPI_BC, LOGM).to(dw_ptr.dtype.element_ty),
-                         mask=cm)
+            if TAPS_LOOP:
+                for k in tl.range(0, W):
+                    _add_tap(ws_ptr, dw_ptr, node_off, nmask, cols, cm, C, k, W, M, EPI_BC, LOGM)
+            else:
+                for k in tl.static_range(W):
+                    _add_tap(ws_ptr, dw_ptr, node_off, nmask, cols, cm, C, k, W, M, EPI_BC, LOGM)
             if HAS_BIAS:
                 v = tl.load(ws_ptr + node_off + W * C + cols[None, :], mask=nmask & cm[None, :], other=0.0,
                             cache_modifier=".cg")
                 tl.store(db_ptr + cols, pairwise_sum_rows(v, M, EPI_BC, LOGM).to(db_ptr.dtype.element_ty), mask=cm)
         reset_ticket(ticket_ptr, pid_c)
+
+
+@triton.jit
+def _add_tap(ws_ptr, dw_ptr, node_off, nmask, cols, cm, C, k, W: tl.constexpr, M: tl.constexpr, EPI_BC: tl.constexpr,
+             LOGM: tl.constexpr):
+    """dw[cols, k] = the pairwise tree over the M nodes of tap k (add_one_group)."""
+    v = tl.load(ws_ptr + node_off + k * C + cols[None, :], mask=nmask & cm[None, :], other=0.0, cache_modifier=".cg")
+    tl.store(dw_ptr + cols * W + k, pairwise_sum_rows(v, M, EPI_BC, LOGM).to(dw_ptr.dtype.element_ty), mask=cm)
 
 
 @triton.jit(do_not_specialize=["n_nodes", "n_leaves", "n_groups", "C"])
