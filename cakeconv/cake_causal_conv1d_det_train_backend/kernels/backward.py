@@ -49,7 +49,7 @@ from .common import (
     SEGMENT_IDS,
     history_flags,
     load_ids,
-    load_ids4,
+    load_ids_rows,
     segment_of_rows,
     segment_window,
     store_at,
@@ -339,16 +339,7 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         new_dy = ()
         for k in tl.static_range(STEP):
             new_dy = new_dy + (load_at(dyp + (H + k) * sdy, row_offset(t, H + k), cmask, S, MASKED and BOUNDS),)
-        new_ids = ()
-        if STEP % 4 == 0:
-            for k in tl.static_range(0, STEP, 4):
-                new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, ids[0], H + k, IDS, BOUNDS)
-        else:
-            for k in tl.static_range(STEP):
-                if IDS:
-                    new_ids = new_ids + (load_ids(cu_ptr, t + (H + k), n_seg, seq_len, BOUNDS),)
-                else:
-                    new_ids = new_ids + (ids[0],)
+        new_ids = load_ids_rows(cu_ptr, t, n_seg, seq_len, ids[0], H, STEP, IDS, BOUNDS)
         all_ids = ids + new_ids
         all_x = xs + new_x
         gs, ds, es = _split_rows(carried)

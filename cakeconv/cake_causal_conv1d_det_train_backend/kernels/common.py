@@ -168,6 +168,25 @@ def load_ids4(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, IDS: tl.cons
     return i_a, i_b, i_c, i_d
 
 
+
+@triton.jit
+def load_ids_rows(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, N: tl.constexpr, IDS: tl.constexpr,
+                  BOUNDS: tl.constexpr = True):
+    """load_ids of the N rows t + K .. t + K + N - 1 when IDS, else ``fallback`` N times (a loop step's
+    rows): four at a time (load_ids4) when N is a multiple of 4, else one at a time (the quick twins'
+    one-row steps)."""
+    out = ()
+    if N % 4 == 0:
+        for k in tl.static_range(0, N, 4):
+            out = out + load_ids4(cu_ptr, t, n_seg, seq_len, fallback, K + k, IDS, BOUNDS)
+    else:
+        for k in tl.static_range(N):
+            if IDS:
+                out = out + (load_ids(cu_ptr, row_offset(t, K + k), n_seg, seq_len, BOUNDS),)
+            else:
+                out = out + (fallback,)
+    return out
+
 @triton.jit
 def ids_windows(ids, N_OUT: tl.constexpr, H: tl.constexpr):
     """N_OUT ``seg`` windows that history_flags takes with HAS_CU == SEGMENT_IDS in a many-segment

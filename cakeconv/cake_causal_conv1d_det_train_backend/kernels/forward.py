@@ -27,7 +27,7 @@ from .common import (
     SEGMENT_IDS,
     history_flags,
     load_ids,
-    load_ids4,
+    load_ids_rows,
     segment_window,
     act_out,
     program_rows,
@@ -118,16 +118,7 @@ def _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sy, S, C, n
         new_x = ()
         for k in tl.static_range(STEP):
             new_x = new_x + (load_at(rows_ahead(xp, k, sx), row_offset(t, k), cmask, S, MASKED and BOUNDS),)
-        new_ids = ()
-        if STEP % 4 == 0:
-            for k in tl.static_range(0, STEP, 4):
-                new_ids = new_ids + load_ids4(cu_ptr, t, n_seg, seq_len, hist_ids[0], k, IDS, BOUNDS)
-        else:
-            for k in tl.static_range(STEP):
-                if IDS:
-                    new_ids = new_ids + (load_ids(cu_ptr, row_offset(t, k), n_seg, seq_len, BOUNDS),)
-                else:
-                    new_ids = new_ids + (hist_ids[0],)
+        new_ids = load_ids_rows(cu_ptr, t, n_seg, seq_len, hist_ids[0], 0, STEP, IDS, BOUNDS)
         rows = hist + new_x
         ids = hist_ids + new_ids
         _fwd_step(y_base + i * sy, t, rows, b, ws, cu_ptr, hist_ptr, cols, cmask, sy, S, C, n_seg, seq_len, seg, ids,
