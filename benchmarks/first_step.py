@@ -3,7 +3,8 @@
 Each row (a library) runs in a fresh process (``python -m benchmarks.first_step --child``, cwd the repository root)
 on its own empty ``TRITON_CACHE_DIR``, then in a second one on the now warm cache, and in a last one on that cache
 whose torch ran its own first backward before the library's first call (torch's lazy imports, seconds, are every
-library's: what is left is the library's); the parent imports no torch."""
+library's: what is left is the library's); the parent imports no torch. An untimed process first imports torch and
+every library and starts CUDA: whichever row came first paid the OS's first reads of their files (one H100 host)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ DRY_SKIP = {**dict.fromkeys(("cakeconv_one_thread", "cakeconv_no_quick"), "the r
             "cakeconv_after_warmup": "the warm-up compiles for a GPU target (minutes on a CPU)",
             **dict.fromkeys(("dao", "dao_det"), "causal-conv1d is a CUDA extension")}  # dry run: ...
 KERNELS = ("first_step", "new_c", "new_stride", "steady")  # the phases whose compiles are counted
+FILE_WARMUP = ("import torch, benchmarks.first_step as b\nfor n in {libraries!r}:\n try: b.load_library(n, 'triton')\n"
+               " except Exception: pass\n{cuda} and torch.cuda.is_available() and torch.ones(1).cuda()")  # (main's)
 ROW_FIELDS = (
     "library", "version", "skip", "error", "warmup_s", "warmup_compiled", "warmup_cache_hits", "startup_s", "import_s",
     "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms", "steady_max_ms", "steady_calls",
@@ -183,9 +186,8 @@ def child_main(args) -> None:
         return write_json(args.child_out, out)
     out["first_step_s"] = time.time() - args.spawn_time
     out["first_step_compiled"], out["first_step_cache_hits"] = counter.since(0)
-    out["triton_compile_s"] = counter.compile_seconds()
     out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry-run)"
-    write_json(args.child_out, out)
+    write_json(args.child_out, out := {**out, "triton_compile_s": counter.compile_seconds()})
     progress(f"{args.child} ({args.phase} cache): first step {out['first_step_s']:.2f} s "
              f"(first call {out['first_call_s']:.2f} s, {out['first_step_compiled']} kernels compiled)")
     if args.phase == "warm":
@@ -197,7 +199,6 @@ def child_main(args) -> None:
             mark = counter.mark()
             out[f"{phase}_s"] = fwd_bwd(op, d, sync)
             out[f"{phase}_compiled"], out[f"{phase}_cache_hits"] = counter.since(mark)
-            del d
         except Exception as exc:  # noqa: BLE001 - a case the library refuses: said in the row, the rest measured
             out["error"] = joined(out.get("error"), f"{phase}: {type(exc).__name__}: {str(exc)[:300]}")
         write_json(args.child_out, {**out, "triton_compile_s": counter.compile_seconds()})
@@ -209,8 +210,7 @@ def child_main(args) -> None:
     times = [fwd_bwd(op, base, sync) * 1e3 for _ in range(args.steady_calls)]
     out.update(steady_ms=statistics.median(times), steady_max_ms=max(times), steady_calls=len(times))
     out["steady_compiled"], out["steady_cache_hits"] = counter.since(mark)
-    out["triton_compile_s"] = counter.compile_seconds()
-    write_json(args.child_out, out)
+    write_json(args.child_out, out := {**out, "triton_compile_s": counter.compile_seconds()})
     progress(f"{args.child}: new C {cell(out.get('new_c_s'), '.3f', 0)} s, new stride "
              f"{cell(out.get('new_stride_s'), '.3f', 0)} s, steady {out['steady_ms']:.3f} ms")
     return None
@@ -281,8 +281,7 @@ def table(rows) -> str:
     for r in rows:
         line = f"{r['library']:<23}" + cell(r.get("warmup_s"), ".1f", 10)
         if r.get("first_step_s") is None:
-            why = f"skipped: {r['skip']}" if r.get("skip") else f"failed: {r.get('error')}"
-            lines.append(line + "  " + why[:200])
+            lines.append(line + "  " + (f"skipped: {r['skip']}" if r.get("skip") else f"failed: {r['error']}")[:200])
             continue
         kernels = {k: f"{r[k + '_compiled']}+{r[k + '_cache_hits']}" for _, _, f, k in cols
                    if f == "+" and r.get(k + "_compiled") is not None}
@@ -297,6 +296,12 @@ def main(argv=None) -> dict:
         child_main(args)
         return {}
     args.deadline = time.perf_counter() + args.time_limit if args.time_limit > 0 else float("inf")
+    with tempfile.TemporaryDirectory(prefix="first_step_files_", ignore_cleanup_errors=True) as work:  # (docstring)
+        cmd = [sys.executable, "-c", FILE_WARMUP.format(cuda=not args.dry_run, libraries=[
+            n for n in args.libraries if not args.dry_run or n not in DRY_SKIP])]  # (the dry run's skipped rows: none)
+        _, rc, args.file_warmup_s = run_child(cmd, os.path.join(work, "none"), args.process_timeout, args.deadline,
+                                              "--process-timeout", {"TRITON_CACHE_DIR": work}, REPO_ROOT)
+    progress(f"imports and CUDA read once, untimed: {ended(rc)} in {cell(args.file_warmup_s, '.1f', 0)} s")
     rows = []
     for library in args.libraries:
         if args.dry_run and library in DRY_SKIP:
@@ -315,7 +320,7 @@ def main(argv=None) -> dict:
               "row_stride_of_stride_case": STRIDE_FACTOR * args.channels, "doc_edges": list(DOC_EDGES), "width": WIDTH,
               "activation": "silu", "x_dtype": "bfloat16", "taps_dtype": "float32", "bias": False,
               **{k: getattr(args, k) for k in ("steady_calls", "libraries", "warmup_args", "process_timeout",
-                                               "time_limit", "dry_run")}}
+                                               "time_limit", "dry_run", "file_warmup_s")}}
     title = (f"First fwd+bwd from a cold start: S = {args.tokens} packed bf16 tokens in {len(DOC_EDGES) - 1} "
              f"documents, C = {args.channels} (new C {args.new_channels}; stride case: row stride "
              f"{STRIDE_FACTOR * args.channels}), W = {WIDTH}, SiLU, fp32 taps; one fresh process and empty Triton "

@@ -47,6 +47,7 @@ def test_dry_run_rows(tmp_path, bench):
     env, rows = result["env"], result["rows"]
     assert env["commit"] == "test" and env["date"] and env["torch"] and env["gpu"] == "cpu (dry-run)"
     assert result["config"]["dry_run"] and result["config"]["tokens"] == 2048
+    assert result["config"]["file_warmup_s"] > 0  # the untimed process of imports ran before the rows
     assert [r["library"] for r in rows] == PLANNED
     for r in rows:
         assert set(bench.ROW_FIELDS) == set(r), sorted(set(bench.ROW_FIELDS) ^ set(r))
