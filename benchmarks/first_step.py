@@ -37,7 +37,7 @@ DRY_SKIP = {**dict.fromkeys(("cakeconv_one_thread", "cakeconv_no_quick"), "the r
             **dict.fromkeys(("dao", "dao_det"), "causal-conv1d is a CUDA extension")}  # dry run: ...
 KERNELS = ("first_step", "new_c", "new_stride", "steady")  # the phases whose compiles are counted
 FILE_WARMUP = ("import torch, benchmarks.first_step as b\nfor n in {libraries!r}:\n try: b.load_library(n, 'triton')\n"
-               " except Exception: pass\n{cuda} and torch.cuda.is_available() and torch.ones(1).cuda()")  # (main's)
+               " except Exception: pass\n{cuda} and torch.cuda.is_available() and torch.ones(1).cuda()")  # main's first
 ROW_FIELDS = (
     "library", "version", "skip", "error", "warmup_s", "warmup_compiled", "warmup_cache_hits", "startup_s", "import_s",
     "inputs_s", "first_call_s", "first_step_s", "new_c_s", "new_stride_s", "steady_ms", "steady_max_ms", "steady_calls",
@@ -187,7 +187,7 @@ def child_main(args) -> None:
     out["first_step_s"] = time.time() - args.spawn_time
     out["first_step_compiled"], out["first_step_cache_hits"] = counter.since(0)
     out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (dry-run)"
-    write_json(args.child_out, out := {**out, "triton_compile_s": counter.compile_seconds()})
+    write_json(args.child_out, {**out, "triton_compile_s": counter.compile_seconds()})
     progress(f"{args.child} ({args.phase} cache): first step {out['first_step_s']:.2f} s "
              f"(first call {out['first_call_s']:.2f} s, {out['first_step_compiled']} kernels compiled)")
     if args.phase == "warm":
@@ -210,7 +210,7 @@ def child_main(args) -> None:
     times = [fwd_bwd(op, base, sync) * 1e3 for _ in range(args.steady_calls)]
     out.update(steady_ms=statistics.median(times), steady_max_ms=max(times), steady_calls=len(times))
     out["steady_compiled"], out["steady_cache_hits"] = counter.since(mark)
-    write_json(args.child_out, out := {**out, "triton_compile_s": counter.compile_seconds()})
+    write_json(args.child_out, {**out, "triton_compile_s": counter.compile_seconds()})
     progress(f"{args.child}: new C {cell(out.get('new_c_s'), '.3f', 0)} s, new stride "
              f"{cell(out.get('new_stride_s'), '.3f', 0)} s, steady {out['steady_ms']:.3f} ms")
     return None
@@ -296,9 +296,9 @@ def main(argv=None) -> dict:
         child_main(args)
         return {}
     args.deadline = time.perf_counter() + args.time_limit if args.time_limit > 0 else float("inf")
-    with tempfile.TemporaryDirectory(prefix="first_step_files_", ignore_cleanup_errors=True) as work:  # (docstring)
+    with tempfile.TemporaryDirectory(prefix="first_step_files_", ignore_cleanup_errors=True) as work:
         cmd = [sys.executable, "-c", FILE_WARMUP.format(cuda=not args.dry_run, libraries=[
-            n for n in args.libraries if not args.dry_run or n not in DRY_SKIP])]  # (the dry run's skipped rows: none)
+            n for n in args.libraries if not args.dry_run or n not in DRY_SKIP])]  # the rows that run
         _, rc, args.file_warmup_s = run_child(cmd, os.path.join(work, "none"), args.process_timeout, args.deadline,
                                               "--process-timeout", {"TRITON_CACHE_DIR": work}, REPO_ROOT)
     progress(f"imports and CUDA read once, untimed: {ended(rc)} in {cell(args.file_warmup_s, '.1f', 0)} s")
