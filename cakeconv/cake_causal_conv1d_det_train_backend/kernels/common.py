@@ -168,7 +168,6 @@ def load_ids4(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, IDS: tl.cons
     return i_a, i_b, i_c, i_d
 
 
-
 @triton.jit
 def load_ids_rows(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, N: tl.constexpr, IDS: tl.constexpr,
                   BOUNDS: tl.constexpr = True):
@@ -186,6 +185,7 @@ def load_ids_rows(cu_ptr, t, n_seg, seq_len, fallback, K: tl.constexpr, N: tl.co
             else:
                 out = out + (fallback,)
     return out
+
 
 @triton.jit
 def ids_windows(ids, N_OUT: tl.constexpr, H: tl.constexpr):
