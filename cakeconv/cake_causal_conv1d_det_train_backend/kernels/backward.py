@@ -486,7 +486,11 @@ def cake_conv_bwd_kernel(x_ptr, dy_ptr, dx_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, 
     n_lo, masked = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last + H, seq_len, HAS_CU)
     if masked:
         d_lo, d_hi, seg = program_segments(cu_ptr, n_seg, n_lo, p_last + H, seq_len, HAS_CU)
-        if d_hi - d_lo < FEW_SEGMENTS:
+        # W >= 6 with per-token indices: a program of three or more segments takes the many-segment
+        # walk (every walk gives the same bits). The few-segment walk's loop at W = 8 (C = 512 pick,
+        # sm_90 SASS) is 2,123 instructions with 154 spills; the many-segment middle walk's 1,194, none.
+        FEW_LIMIT: tl.constexpr = FEW_SEGMENTS - 2 * (H > 4) * (HAS_CU == SEGMENT_IDS)
+        if d_hi - d_lo < FEW_LIMIT:
             acc, accb = _bwd_run(
                 x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, cmask, sx, sdy, sdx, S, C,
                 n_seg, seq_len, seg, b, ws, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB, R, BC, STAGES, STEP_BRANCH,
