@@ -278,6 +278,33 @@ def test_triton_row_bits_do_not_depend_on_the_segment_lookup_path():
         assert torch.equal(dx, outs[0][1]), lens
 
 
+@pytest.mark.parametrize("W,activation", [(8, "silu"), (6, None)])
+def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkeypatch):
+    """From W = 6 on, a masked backward program with per-token indices takes the few-segment walk only
+    below 3 segments (below 5 with the binary search): the same rows then go through different walks
+    on the two lookup paths, and dx, dweight and dbias must be the same bits. Documents of 35-69
+    tokens put 3 or 4 segments in many programs (128 rows and 2 (W - 1) halo rows, in the interpreter).
+    """
+    S, C, H, rows = 384, 16, W - 1, 128
+    gen = torch.Generator().manual_seed(31)
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(torch.randint(35, 70, (), generator=gen))))
+    cu = torch.tensor(cuts, dtype=torch.int32)
+    spans = [sum(1 for a, z in zip(cuts, cuts[1:]) if a <= min(S - 1, p + rows - 1 + H) and z > max(0, p - H))
+             for p in range(0, S, rows)]
+    assert {3, 4} & set(spans), spans  # programs that the two paths walk differently
+    x, w, b, dy = make_inputs(S, C, seed=32, width=W)
+    outs = []
+    for ids in (True, False):
+        monkeypatch.setattr(triton_launch, "use_ids", ids)
+        outs.append(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation, backend="triton"))
+    dxo, dwo, dbo = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
+    assert rel_err(outs[0][0], dxo) < TOLERANCES[x.dtype] and rel_err(outs[0][1], dwo) < 2e-5
+    for got, want in zip(outs[1], outs[0]):
+        assert torch.equal(got, want)
+
+
 def test_triton_document_bits_do_not_depend_on_where_it_sits():
     """A document's y and dx rows are the same bits wherever it is packed. A masked backward
     program runs its row steps next to a boundary with the masked body and the others with the
