@@ -11,6 +11,7 @@ import torch
 
 from cakeconv import cake_causal_conv1d_det, cake_causal_conv1d_det_train_backward, cake_causal_conv1d_det_train_forward
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, launch as triton_launch
+from cakeconv.cake_causal_conv1d_det_train_backend.kernels.segment_ids import use_segment_ids
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.tuning import BwdConfig, FwdConfig
 from cakeconv.oracle import (causal_conv1d_oracle, causal_conv1d_oracle_backward, causal_conv1d_silu_oracle,
                              causal_conv1d_silu_oracle_backward)
@@ -294,12 +295,13 @@ def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkey
     spans = [sum(1 for a, z in zip(cuts, cuts[1:]) if a <= min(S - 1, p + rows - 1 + H) and z > max(0, p - H))
              for p in range(0, S, rows)]
     assert {3, 4} & set(spans), spans  # programs that the two paths walk differently
+    assert use_segment_ids(len(cuts) - 1, S, C)  # with use_ids on, the launches read per-token indices
     x, w, b, dy = make_inputs(S, C, seed=32, width=W)
     outs = []
     for ids in (True, False):
         monkeypatch.setattr(triton_launch, "use_ids", ids)
         outs.append(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation, backend="triton"))
-    dxo, dwo, dbo = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
+    dxo, dwo, _ = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
     assert rel_err(outs[0][0], dxo) < TOLERANCES[x.dtype] and rel_err(outs[0][1], dwo) < 2e-5
     for got, want in zip(outs[1], outs[0]):
         assert torch.equal(got, want)
