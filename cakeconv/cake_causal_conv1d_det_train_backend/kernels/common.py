@@ -14,11 +14,11 @@ row of every sub-run. Segment boundaries come from ``cu`` (``HAS_CU``) or, for [
 from the uniform length ``seq_len`` (boundaries d * T). A program whose rows (and the rows its
 taps reach) contain no boundary takes the unmasked path; otherwise it places each row t in its
 segment d(t): by comparing t with the boundaries it loaded once when the program touches at most
-FEW_SEGMENTS segments (nearly always), else by comparing the per-token segment indices of
-neighbouring rows (built once per cu_seqlens, kernels/segment_ids.py) or, without those, a binary
-search restricted to its segments. Rows outside [0, S) read as zero and are never stored. The
-forward checks that only in masked programs at either end of the rows (``BOUNDS``; every other
-program touches rows inside [0, S) alone); the backward checks it in every masked program.
+FEW_SEGMENTS segments (nearly always; the backward at W >= 6 with indices: 2), else by comparing
+the per-token segment indices of neighbouring rows (built once per cu_seqlens, segment_ids.py) or,
+without those, a binary search restricted to its segments. Rows outside [0, S) read as zero and are
+never stored. The forward checks that only in masked programs at either end of the rows (``BOUNDS``;
+every other program's rows are inside [0, S)); the backward checks it in every masked program.
 """
 
 import triton
