@@ -34,9 +34,11 @@ WIDTH = dict(SEED_WIDTH)
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import backward as triton_backward, forward as triton_forward, tuning  # noqa: E402
 
 
-def rows_per_step():
-    """Rows a row-loop step handles: 4, or 8 from W = 6 on (the kernels' STEP)."""
-    return 4 + 4 * (WIDTH["W"] - 1 > 4)
+def step_elements(cfg):
+    """Elements a thread handles in one row-loop step: the step's rows (the kernels' STEP: 4, or 8 from
+    W = 6 on) times R sub-runs times BC channels, over the program's threads."""
+    rows = 4 + 4 * (WIDTH["W"] - 1 > 4)
+    return rows * cfg.R * cfg.BC // (32 * cfg.num_warps)
 
 
 def sass_and_regs(fn, sig, consts, cfg, n_ptrs):
@@ -127,7 +129,7 @@ def mix_diff(C=512):
     cfg = tuning.pick_bwd_config(C, 2, False, width=WIDTH["W"])
     sass, _ = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, C, False, 2), cfg, 9)
     loops = row_loops(sass)
-    per_step = rows_per_step() * cfg.R * cfg.BC // (32 * cfg.num_warps)
+    per_step = step_elements(cfg)
     middle = collections.Counter(_opcode(t) for _, t in loops["many segments, middle"])
     unmasked = collections.Counter(_opcode(t) for _, t in loops["unmasked"])
     print(f"backward (segment ids) C={C} {cfg}, no bias: middle {sum(middle.values()) / per_step:.1f}, "
@@ -171,11 +173,11 @@ def loop_report(args):
         sass, regs = sass_and_regs(triton_forward.cake_conv_fwd_kernel, FWD_SIG,
                                    {"HAS_BIAS": True, "HAS_CU": has_cu, "HAS_HIST": False, "R": cfg.R, "SUB": cfg.SUB,
                                     "BC": cfg.BC, "STAGES": cfg.stages, **FWD_STRIDES, **WIDTH}, cfg, 6)
-        report(f"forward ({lookup}) {cfg}", sass, regs, rows_per_step() * cfg.R * cfg.BC // (32 * cfg.num_warps))
+        report(f"forward ({lookup}) {cfg}", sass, regs, step_elements(cfg))
         cfg = tuning.pick_bwd_config(512, 2, False, width=WIDTH["W"])
         sass, regs = sass_and_regs(triton_backward.cake_conv_bwd_kernel, BWD_SIG, bwd_consts(cfg, 512, True, has_cu),
                                    cfg, 9)
-        report(f"backward ({lookup}) {cfg}", sass, regs, rows_per_step() * cfg.R * cfg.BC // (32 * cfg.num_warps))
+        report(f"backward ({lookup}) {cfg}", sass, regs, step_elements(cfg))
 
 
 if __name__ == "__main__":
