@@ -112,7 +112,9 @@ for step in "$@"; do
     widths) # FLA's kernels of every (W, activation) compiled first, in parallel processes beside cakeconv's warm-up, at
          # S / 10 (the same specializations, a tenth of the memory) and with FLA_CACHE_RESULTS=0, so that its autotuning
          # choices, timed under that load, stay out of its disk cache: the timed run autotunes alone
-         # WIDTHS (2,3,4,5,7,8) splits the step over calls of 10 minutes (e.g. 2,3,4,5 then 4,7 then 4,8: W = 4 in each);
+         # W = 7 and 8 compile for minutes each: compile them ahead on a CPU machine (tools/cache_for_host.py, then
+         # TRITON_CACHE_DIR here; benchmarks/README.md), or split the step over calls of 10 minutes with WIDTHS
+         # (2,3,4,5,7,8; e.g. 2,3,4,5 then 4,7 then 4,8: W = 4 in each);
          # a subset's files are named <gpu>_widths_w<the widths>
          ws=${WIDTHS:-2,3,4,5,7,8}; name="${GPU_TAG}_widths"; [ "$ws" != 2,3,4,5,7,8 ] && name="${name}_w${ws//,/}"
          mkdir -p /tmp/widthwarm
