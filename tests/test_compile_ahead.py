@@ -508,18 +508,21 @@ def test_gpu_a_cold_first_step_compiles_in_the_workers_only(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("C,docs", [(512, "long"), (512, "1-8"), (2048, "1-64"), (512, "two groups")])
-def test_gpu_quick_twins_give_the_full_kernels_bits(C, docs):
+@pytest.mark.parametrize("C,docs,W,activation", [(512, "long", 4, "silu"), (512, "1-8", 4, "silu"), (2048, "1-64", 4, "silu"),
+                                                 (512, "two-groups", 4, "silu"), (512, "1-8", 8, "silu"),
+                                                 (512, "long", 7, None)])
+def test_gpu_quick_twins_give_the_full_kernels_bits(C, docs, W, activation):
     """On the GPU, at the configurations the heuristics pick: the quick twins (what a first step runs
-    while the full variants compile) write the full kernels' y, dx, dweight bits."""
+    while the full variants compile) write the full kernels' y, dx, dweight bits; at W = 4 + SiLU and
+    at the wide widths, whose full kernels step 8 rows at a time (the twins one)."""
     from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch
 
-    S = 20000 if docs == "two groups" else 8000
+    S = 20000 if docs == "two-groups" else 8000
     g = torch.Generator(device="cuda").manual_seed(C)
     x = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, generator=g)
     dy = torch.randn(S, C, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = 0.5 * torch.randn(C, 4, device="cuda", generator=g)
-    if docs in ("long", "two groups"):
+    w = 0.5 * torch.randn(C, W, device="cuda", generator=g)
+    if docs in ("long", "two-groups"):
         cu = torch.tensor([0, 3, S // 3, S // 3 + 1, S], dtype=torch.int32, device="cuda")
     else:
         top = 9 if docs == "1-8" else 65
@@ -530,11 +533,12 @@ def test_gpu_quick_twins_give_the_full_kernels_bits(C, docs):
     for quick in (False, True):
         meta = launch.optional_meta(None, cu)
         y = torch.empty_like(x)
-        launch.prepare_forward(S, C, C, C, x.dtype, w.dtype, *meta, None, quick=quick).run(x, w, None, cu, y)
-        dx, dw = torch.empty_like(x), torch.empty(C, 4, device="cuda")
-        ws = torch.empty(launch.backward_workspace_floats(S, C), device="cuda")
-        launch.prepare_backward(S, C, C, C, C, x.dtype, dy.dtype, w.dtype, *meta, None, torch.float32,
-                                quick=quick).run(dy, x, w, None, cu, dx, ws, dw, None)
+        launch.prepare_forward(S, C, C, C, x.dtype, w.dtype, *meta, None, width=W, activation=activation,
+                               quick=quick).run(x, w, None, cu, y)
+        dx, dw = torch.empty_like(x), torch.empty(C, W, device="cuda")
+        ws = torch.empty(launch.backward_workspace_floats(S, C, W), device="cuda")
+        launch.prepare_backward(S, C, C, C, C, x.dtype, dy.dtype, w.dtype, *meta, None, torch.float32, width=W,
+                                activation=activation, quick=quick).run(dy, x, w, None, cu, dx, ws, dw, None)
         out[quick] = (y, dx, dw)
     for name, a, b in zip(("y", "dx", "dw"), out[False], out[True]):
         assert torch.equal(a, b), name
