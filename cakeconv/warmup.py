@@ -32,8 +32,10 @@ the Triton and ptxas versions, the environment variables that change code), so a
 entries only with the same Triton version and the same code-changing ``TRITON_*`` variables as
 the warm-up, and the same Python version: the key hashes Triton's compiled library, which each
 Python version's Triton wheel builds anew (a cache filled under Python 3.11 missed every entry
-under 3.12 with the same Triton 3.6.0). Triton records its cached files by absolute path, so the
-cache folder must also sit at the same path where it is read (``TRITON_CACHE_DIR``).
+under 3.12 with the same Triton 3.6.0; the repository's ``tools/cache_for_host.py`` compiles under
+another Python version's key, given that version's wheel of the same Triton release). Triton
+records its cached files by absolute path, so the cache folder must also sit at the same path
+where it is read (``TRITON_CACHE_DIR``).
 
 Shape legend: S tokens, C channels, B batch rows, T tokens per row, W taps.
 """
