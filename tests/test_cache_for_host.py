@@ -41,7 +41,7 @@ def test_this_machines_library_gives_this_machines_key():
 
 def test_a_host_wheel_changes_only_the_librarys_hash(tmp_path):
     with open(LIBRARY_HERE, "rb") as f:
-        here = hashlib.sha256(f.read()).hexdigest()
+        here = cache_for_host._sha256(f)
     key = cache_for_host.host_key(_wheel(tmp_path / "host.whl"))
     assert key != triton_key()
     assert key == triton_key().replace(here, hashlib.sha256(OTHER_LIBRARY).hexdigest())

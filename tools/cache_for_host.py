@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import zipfile
 
@@ -61,8 +62,6 @@ def library_hash(path: str) -> tuple[str, str | None]:
 
 def host_key(path: str) -> str:
     """The installation key Triton computes on the host whose wheel (or libtriton.so) is ``path``."""
-    import os
-
     import triton
     from triton.runtime import cache
 
