@@ -37,7 +37,8 @@
 #              bash benchmarks/device_run.sh peers tests
 # OP_S: a time limit (s) for each `benchmarks.op` command, so that its step still packs what it wrote (rows so far in
 # <name>.partial.jsonl). BENCH_ARGS is appended to every `benchmarks.op` command (BENCH_ARGS=--dry-run tries the op steps on a CPU);
-# BENCH_COMMIT is the commit the rows record when the tree has no .git.
+# BENCH_COMMIT, when set, is the commit the rows record; else HEAD of the host's .git, with -dirty when the tree sent
+# differs from it in cakeconv/ or benchmarks/ (a host's .git can lag the tree: name the tree's commit then).
 set -u
 OUT=${OUT:-./device_out}
 mkdir -p "$OUT"
@@ -50,8 +51,6 @@ NGPU=${NGPU:-2}
 DAO_DIR=${DAO_DIR:-/tmp/dao}
 DAO_SRC=$DAO_DIR/causal_conv1d-1.7.0
 MAMBA_SDIST=mamba_ssm-2.3.2.post1.tar.gz
-if [ -z "${BENCH_COMMIT:-}" ]; then BENCH_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true); fi
-export BENCH_COMMIT
 GPU_TAG=cpu
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.txt"
