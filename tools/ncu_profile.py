@@ -1,16 +1,16 @@
 """Run each Triton kernel of interest once, for Nsight Compute (ncu) to read its counters (GPU).
 
-    ncu --clock-control none -k regex:cake_conv --section SpeedOfLight ... \
+    ncu --clock-control none -k regex:cake_conv --section SpeedOfLight ... \\
         python tools/ncu_profile.py --C 512
 
 Launches, per C: the forward and the backward with the tuner's picks, plus a device-to-device copy
-of the same bytes; ``--width`` and ``--activation`` pick the taps' width and the activation (the
-picks of that width). The stalls of the short-document backward at W = 8 + SiLU, for example:
-
-    ncu --clock-control none -k regex:cake_conv_bwd_kernel --section WarpStateStats \
-        --section SchedulerStats python tools/ncu_profile.py --C 512 --bias no --width 8 --doc-mix uniform:1-64 The counters are ncu's output; this script only launches. ``--doc-mix`` takes a
+of the same bytes. The counters are ncu's output; this script only launches. ``--doc-mix`` takes a
 mix of the benchmark (e.g. ``uniform:1-8``, ``ones``); without it, the sweep's document lengths
-(benchmarks/op.py: sweep_cu).
+(benchmarks/op.py: sweep_cu). ``--width`` and ``--activation`` pick the taps' width and the
+activation (the picks of that width). The stalls of the short-document backward at W = 8 + SiLU:
+
+    ncu --clock-control none -k regex:cake_conv_bwd_kernel --section WarpStateStats --section SchedulerStats \\
+        python tools/ncu_profile.py --C 512 --bias no --width 8 --doc-mix uniform:1-64
 """
 
 import argparse
