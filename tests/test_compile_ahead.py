@@ -508,9 +508,9 @@ def test_gpu_a_cold_first_step_compiles_in_the_workers_only(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("C,docs,W,activation", [(512, "long", 4, "silu"), (512, "1-8", 4, "silu"), (2048, "1-64", 4, "silu"),
-                                                 (512, "two-groups", 4, "silu"), (512, "1-8", 8, "silu"),
-                                                 (512, "long", 7, None)])
+@pytest.mark.parametrize("C,docs,W,activation", [
+    (512, "long", 4, "silu"), (512, "1-8", 4, "silu"), (2048, "1-64", 4, "silu"), (512, "two-groups", 4, "silu"),
+    (512, "1-8", 8, "silu"), (512, "long", 7, None)])
 def test_gpu_quick_twins_give_the_full_kernels_bits(C, docs, W, activation):
     """On the GPU, at the configurations the heuristics pick: the quick twins (what a first step runs
     while the full variants compile) write the full kernels' y, dx, dweight bits; at W = 4 + SiLU and
