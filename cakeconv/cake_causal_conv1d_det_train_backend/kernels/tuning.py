@@ -137,7 +137,7 @@ def pick_fwd_config(C: int, itemsize: int, interpret: bool, width: int = 4) -> F
 
 def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = False, width: int = 4) -> BwdConfig:
     """Backward configuration for C channels and ``width`` taps (and whether there is a bias): the
-    fastest of BWD_CONFIGS in the H200 runs."""
+    fastest of BWD_CONFIGS in the H200 runs; the register cap of _BWD_BRANCH_NO_BIAS from one H100's."""
     if interpret:
         return BWD_INTERPRET
     if width >= WIDE_TAPS and C > 64:
