@@ -121,7 +121,8 @@ def parse_args():
     ap.add_argument("--C", default="128,512,2048,8192")
     ap.add_argument("--S", type=int, default=250340)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="output folder (made if missing): one .jsonl a run, named by the width, "
+                    "activation, bias and document mix")
     ap.add_argument("--passes", default="fwd,bwd")
     ap.add_argument("--picks", action="store_true",
                     help="only the configuration tuning.py picks for each C (to compare code versions in one run; "
@@ -189,7 +190,10 @@ def main():
                 best = min(cand, key=lambda r: r["ms"])
                 print(f"{p} C={C:5d} best {best['cfg']} {best['ms']:.4f} ms frac {best['frac']:.3f}")
     if args.out:
-        with open(f"{args.out}/sweep_configs_W{args.width}_{args.activation}.jsonl", "w") as f:
+        os.makedirs(args.out, exist_ok=True)
+        mix = (args.doc_mix or f"mean{args.mean_doc}").replace(":", "_")
+        name = f"sweep_configs_W{args.width}_{args.activation}_bias-{args.bias}_{mix}.jsonl"
+        with open(os.path.join(args.out, name), "w") as f:
             for r in rows:
                 r.update({k: env[k] for k in ("gpu", "torch", "triton", "date", "commit")}, copy_gbps=bw, S=S)
                 f.write(json.dumps(r) + "\n")
