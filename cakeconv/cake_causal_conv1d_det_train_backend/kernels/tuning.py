@@ -91,8 +91,8 @@ _FWD_ODD = FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
 _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
-# Without bias, W <= 5: a cap of 168 registers (three 4-warp programs per SM instead of four) leaves fewer
-# spills in the many-segment loops. Backward alone, S = 250,340, one H100, fraction of the copy bandwidth, 128 ->
+# Without bias, W <= 5: a cap of 168 registers (three 4-warp programs per SM instead of four) leaves the
+# many-segment loops without spills (W = 5 + SiLU; tools/sass_loop_count.py --width=5 --spills). Backward alone, S = 250,340, one H100, fraction of the copy bandwidth, 128 ->
 # 168, 1-64-token documents / seed mix (tools/sweep_configs.py, results/h100_tables.txt): W = 5 + SiLU
 # 0.703 -> 0.784 / 0.842 -> 0.853 at C = 512, 0.836 -> 0.851 / 0.884 -> 0.896 at C = 2048; W = 4 + SiLU
 # 0.850 -> 0.869 / 0.872 -> 0.894 and 0.908 -> 0.909 / 0.907 -> 0.917; W = 5 without activation 0.875 ->
