@@ -92,14 +92,9 @@ _BWD_TINY = BwdConfig(R=8, BC=64, num_warps=4, stages=3)
 _BWD = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128)
 _BWD_BRANCH = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=128, step_branch=True)
 # Without bias, W <= 5: a cap of 168 registers (three 4-warp programs per SM instead of four) leaves the
-# many-segment loops without spills (W = 5 + SiLU; tools/sass_loop_count.py --width=5 --spills).
-# Backward alone, S = 250,340, one H100, fraction of the copy bandwidth, 128 -> 168, 1-64-token documents /
-# seed mix (tools/sweep_configs.py, results/h100_tables.txt): W = 5 + SiLU 0.703 -> 0.784 / 0.842 -> 0.853
-# at C = 512, 0.836 -> 0.851 / 0.884 -> 0.896 at C = 2048; W = 4 + SiLU 0.850 -> 0.869 / 0.872 -> 0.894 and
-# 0.908 -> 0.909 / 0.907 -> 0.917; W = 5 without activation 0.875 -> 0.873 / 0.861 -> 0.894 and
-# 0.900 -> 0.909 / 0.893 -> 0.910. With bias it lost on short documents (W = 5 + SiLU, C = 2048:
-# 1-64 0.825 -> 0.814, seed 0.874 -> 0.903); at W >= 6 (R = 2) it lost on them too (W = 8 + SiLU,
-# 1-64, C = 512: 0.547 -> 0.528).
+# many-segment loops without spills. Backward alone on one H100, 1-64-token documents, C = 512: W = 5 + SiLU
+# 0.703 -> 0.784 of copy, W = 4 + SiLU 0.850 -> 0.869, same bits; with bias and at W >= 6 it was slower on
+# short documents (every case, the seed mix and C = 2048: notes 3.7, results/h100_tables.txt).
 _BWD_BRANCH_NO_BIAS = BwdConfig(R=4, BC=128, num_warps=4, stages=4, maxnreg=168, step_branch=True)
 # Wide taps (W >= WIDE_TAPS): the sliding window holds H + 4 = W + 3 rows (forward) and the backward
 # carries about 2 W + 15 tiles, so the picks halve the rows per program to keep them in registers.
