@@ -307,6 +307,38 @@ def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkey
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("W,activation", [(8, "silu"), (5, None), (3, "silu"), (4, "silu")])
+def test_skipped_history_taps_give_the_zero_halo_bits(W, activation):
+    """Outside the seed's kernel (W = 4 + SiLU) the forward's walks skip a history tap outside the row's
+    document instead of adding w * 0 (kernels/forward.py); KCP's row kernel still adds w * 0 for a halo
+    row of zero. The two must give the same bits, signs of zero included: here the bias is -0 in half
+    the channels, x is -0 in whole documents (with positive taps every product is -0) and 1-5-token
+    documents put most rows next to a boundary (the forward takes a bias of -0 as +0 there). Every
+    row rewritten through the row kernel with a zero halo equals the main kernel's (compared as
+    integers: torch.equal takes -0 for +0)."""
+    S, C, H = 160, 16, W - 1
+    gen = torch.Generator().manual_seed(41 + W)
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(torch.randint(1, 6, (), generator=gen))))
+    cu = torch.tensor(cuts, dtype=torch.int32)
+    x = torch.randn(S, C, generator=gen).to(torch.bfloat16)
+    for a, z in zip(cuts[::3], cuts[1::3]):
+        x[a:z] = -0.0
+    w = torch.rand(C, W, generator=gen) + 0.1
+    w[::2, 0] *= -1  # fma(w0, 0, -0) is -0 where w0 < 0: skipping the taps after it would keep that -0
+    b = torch.randn(C, generator=gen)
+    b[::2] = -0.0
+    y = torch.empty_like(x)
+    triton_launch.triton_forward(x, w, b, cu, None, y, activation=activation)
+    hist = torch.zeros(len(cuts) - 1, H, C, dtype=x.dtype)
+    y_rows = torch.full_like(x, float("nan"))
+    triton_launch.triton_forward_rows(x, w, b, cu, hist, torch.arange(S), y_rows, activation=activation)
+    assert torch.equal(y_rows.view(torch.int16), y.view(torch.int16))
+    y_ref = causal_conv1d_oracle(x, w, b, cu, activation)
+    assert rel_err(y, y_ref) < TOLERANCES[x.dtype]
+
+
 def test_triton_document_bits_do_not_depend_on_where_it_sits():
     """A document's y and dx rows are the same bits wherever it is packed. A masked backward
     program runs its row steps next to a boundary with the masked body and the others with the
