@@ -308,14 +308,15 @@ def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkey
 
 
 @pytest.mark.parametrize("W,activation", [(8, "silu"), (5, None), (3, "silu"), (4, "silu")])
-def test_skipped_history_taps_give_the_zero_halo_bits(W, activation):
-    """Outside the seed's kernel (W = 4 + SiLU) the forward's walks skip a history tap outside the row's
-    document instead of adding w * 0 (kernels/forward.py); KCP's row kernel still adds w * 0 for a halo
-    row of zero. The two must give the same bits, signs of zero included: here the bias is -0 in half
-    the channels, x is -0 in whole documents (with positive taps every product is -0) and 1-5-token
-    documents put most rows next to a boundary (the forward takes a bias of -0 as +0 there). Every
-    row rewritten through the row kernel with a zero halo equals the main kernel's (compared as
-    integers: torch.equal takes -0 for +0)."""
+def test_zero_halo_rows_give_the_single_rank_bits_signs_of_zero_included(W, activation):
+    """KCP's forward row kernel adds w * 0 for a halo row of zero (a document that starts on the rank),
+    as the main kernel's walks add w * 0 for a row of another document. The two must give the same
+    bits, signs of zero included (a forward that skipped those taps and kept a bias of -0 would not:
+    fma(w0, 0, -0) is -0 for w0 < 0, and w * 0 added to it is +0 for w > 0; benchmarks/NOTES.md 3.7
+    has that forward, measured and dropped). Here the bias is -0 in half the channels,
+    with w[0] < 0 there, x is -0 in whole documents (positive taps: every product -0) and 1-5-token
+    documents put most rows next to a boundary. Every row rewritten through the row kernel with a
+    zero halo equals the main kernel's (compared as integers: torch.equal takes -0 for +0)."""
     S, C, H = 160, 16, W - 1
     gen = torch.Generator().manual_seed(41 + W)
     cuts = [0]
@@ -326,7 +327,7 @@ def test_skipped_history_taps_give_the_zero_halo_bits(W, activation):
     for a, z in zip(cuts[::3], cuts[1::3]):
         x[a:z] = -0.0
     w = torch.rand(C, W, generator=gen) + 0.1
-    w[::2, 0] *= -1  # fma(w0, 0, -0) is -0 where w0 < 0: skipping the taps after it would keep that -0
+    w[::2, 0] *= -1
     b = torch.randn(C, generator=gen)
     b[::2] = -0.0
     y = torch.empty_like(x)

@@ -548,38 +548,3 @@ def pairwise_sum_rows(v, M: tl.constexpr, N: tl.constexpr, LOGM: tl.constexpr):
         a, b = tl.split(tl.permute(v3, (0, 2, 1)))
         v = a + b
     return tl.reshape(v, [N])
-
-
-@triton.jit
-def conv_pre_skipping(b, ws, win, ins):
-    """conv_pre with taps outside the row's segment skipped (``skip_flags``): the FMA of tap k,
-    1 <= k < H, only where ins[k - 1], the running sum kept elsewhere (one predicated FMA, no
-    select); tap 0 comes zeroed in the window where outside. Where every tap is inside (ins all
-    true) this is conv_pre's sequence, FMA for FMA."""
-    p = tl.fma(ws[0], win[0], b)
-    for k in tl.static_range(1, len(ws)):
-        if k <= len(ins):
-            p = tl.where(ins[k - 1][:, None], tl.fma(ws[k], win[k], p), p)
-        else:
-            p = tl.fma(ws[k], win[k], p)
-    return p
-
-
-@triton.jit
-def skip_flags(win, ins):
-    """(window, flags) of a row whose taps outside its segment are skipped (no halo): the window with
-    its first tap zeroed where outside (a select), and the flags of taps 1 .. H - 1 (conv_pre)."""
-    return (tl.where(ins[0][:, None], win[0], 0.0),) + win[1:], ins[1:]
-
-
-@triton.jit
-def forward_bias(b, R: tl.constexpr, BC: tl.constexpr, W: tl.constexpr, ACT: tl.constexpr):
-    """The forward's bias: b [1, BC] as it is for the seed's kernel (W = 4 + SiLU); for every other
-    kernel (which skips taps, ``skip_flags``) b + 0 (a bias of -0 taken as +0, so that pre's
-    running sum is never -0) as the [R, BC] tile of the program's rows, broadcast once before the
-    walks branch (broadcast inside them, as the FMAs do, Triton 3.6's sm_90 layout pass reused one
-    walk's broadcast in another: "operand #0 does not dominate this use")."""
-    if W != 4 or ACT == 0:
-        return tl.broadcast_to(b + 0.0, (R, BC))
-    else:
-        return b

@@ -11,16 +11,6 @@ sub-run. Each step loads STEP new rows per sub-run (16-byte accesses, STEP loads
 tuple of tiles), and stores them; with STAGES > 1 Triton software-pipelines the loop (the next steps' rows arrive in shared
 memory via cp.async while this step computes). Every element goes through the same FMA sequence
 whatever R, SUB, BC or warps are, so tuning never changes bits.
-
-Taps outside the document. The seed's kernel (W = 4 + SiLU) adds w[k] * 0 for a history row of
-another document (the row zeroed by a select), as KCP's row kernel adds w[k] * 0 for a halo row of
-zero. Every other kernel skips those taps in its walks (a predicated FMA: pre keeps its running
-sum), except tap 0, which is still zeroed; the KCP row kernels keep the zeroed rows. The two give
-the same bits for finite taps: the rows outside a row's document are the first ones of its window,
-so the sum a skipped tap meets is b + 0 (the bias, -0 taken as +0) or w[0] * 0 added to it, never -0,
-and adding w[k] * 0 (+-0) to a sum that is not -0 leaves it as it is. A tap of inf or NaN would
-make w[k] * 0 NaN: there a skipped tap leaves pre finite where the zeroed row makes it NaN.
-Measured: the short-document loop's instructions per element (sm_90 SASS, benchmarks/NOTES.md).
 """
 
 import triton
@@ -28,7 +18,6 @@ import triton.language as tl
 
 from .common import (
     conv_pre,
-    conv_pre_skipping,
     window_has_boundary,
     halo_window,
     load_rows,
@@ -40,8 +29,6 @@ from .common import (
     load_ids,
     load_ids_rows,
     segment_window,
-    skip_flags,
-    forward_bias,
     act_out,
     program_rows,
     program_segments,
@@ -64,14 +51,8 @@ def _fwd_row(yp, t, win, b, ws, cu_ptr, hist_ptr, cols, cmask, S, C, n_seg, seq_
     H: tl.constexpr = len(ws) - 1
     if MASKED:
         d, pos, ins, _end = history_flags(cu_ptr, t, seg, n_seg, seq_len, HAS_CU, HAS_HIST, FEW, H)
-        if HAS_HIST or (H == 3 and ACT == 1):  # taps outside the segment read zero or the halo
-            win = halo_window(win, ins, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST, H)
-            pre = conv_pre(b, ws, win)
-        else:  # or they are skipped (module docstring)
-            win, ins = skip_flags(win, ins)
-            pre = conv_pre_skipping(b, ws, win, ins)
-    else:
-        pre = conv_pre(b, ws, win)
+        win = halo_window(win, ins, pos, d, hist_ptr, cols, cmask, C, n_seg, HAS_HIST, H)
+    pre = conv_pre(b, ws, win)
     store_at(yp, t, act_out(pre, ACT), cmask, S, MASKED and BOUNDS)
 
 
@@ -164,7 +145,6 @@ def cake_conv_fwd_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     """
     H: tl.constexpr = W - 1
     C, pid_s, cols, cmask, b, ws, p0, p_last, rows0 = program_rows(w_ptr, b_ptr, C8, HAS_BIAS, R, SUB, BC, W)
-    b = forward_bias(b, R, BC, W, ACT)
     sx: tl.constexpr = SX8 * 8
     sy: tl.constexpr = SY8 * 8
     # Rows read: p0 - H .. p_last. The cu[0] = 0 and cu[N] = S boundaries make
@@ -208,7 +188,6 @@ def cake_conv_fwd_quick_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr,
     """
     H: tl.constexpr = W - 1
     C, pid_s, cols, cmask, b, ws, p0, p_last, rows0 = program_rows(w_ptr, b_ptr, C8, HAS_BIAS, R, SUB, BC, W)
-    b = forward_bias(b, R, BC, W, ACT)
     n_lo, _ = window_has_boundary(cu_ptr, n_seg, p0 - H, p_last, seq_len, HAS_CU)
     _, _, seg = program_segments(cu_ptr, n_seg, n_lo, p_last, seq_len, HAS_CU)
     _fwd_run(x_ptr, y_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx8 * 8, sy8 * 8, S, C, n_seg, seq_len,
@@ -229,7 +208,6 @@ def cake_conv_fwd_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, cu_ptr, hist_ptr, rows
     Grid: (cdiv(n_rows, RB), cdiv(C, BC)).
     """
     C, cols, cmask, b, ws, i, imask, t = row_list_setup(w_ptr, b_ptr, rows_ptr, n_rows, S, C8, HAS_BIAS, RB, BC, W)
-    b = forward_bias(b, RB, BC, W, ACT)
     sx: tl.constexpr = SX8 * 8
     sy: tl.constexpr = SY8 * 8
     win = load_window(x_ptr, t, sx, cols, cmask, S, 1 - W, W)
