@@ -21,8 +21,7 @@ import torch.distributed as dist
 
 import cakeconv
 from benchmarks.report import REPO_ROOT, log, pyplot, read_jsonl, run_environment, write_csv, write_jsonl
-from benchmarks.timing import (HOST_AHEAD_MIN_US, DeviceClock, auto_ahead_us, eager_forms, full_kernels_ready, rotation,
-                               wall_samples)
+from benchmarks.timing import DeviceClock, auto_ahead_us, eager_forms, full_kernels_ready, rotation, wall_samples
 
 SEED_DOC_LENGTHS = (15945, 21845, 27746)  # the seed's workload, T = 65,536; --tokens scales it
 LAYOUTS = ("contiguous", "zigzag", "zigzag_per_document")
@@ -187,7 +186,7 @@ def time_gpu(operands: dict, clock: RankClock, args, device) -> dict:
         host_K = torch.tensor([max(step(*operands[n])[2] for n in names)], dtype=torch.float64, device=device)
         clock.sync()
         dist.all_reduce(host_K, op=dist.ReduceOp.MAX)
-        clock.host_ahead_us = auto_ahead_us(float(host_K.item()), HOST_AHEAD_MIN_US, AHEAD_MAX_US)
+        clock.host_ahead_us = auto_ahead_us(float(host_K.item()), AHEAD_MAX_US)
     for r in range(args.reps):
         marks = [(name, step(*operands[name])) for name in rotation(names, r)]
         clock.sync()

@@ -73,9 +73,9 @@ def copy_bandwidth(torch, clock: DeviceClock, nbytes: int, reps: int, ahead_us: 
     return statistics.median(gbs), gbs
 
 
-def auto_ahead_us(host_ms: float, floor_us: float, cap_us: float) -> float:
-    """The ``auto`` host-ahead window for a call whose host time to enqueue is ``host_ms``."""
-    return min(cap_us, max(floor_us, HOST_AHEAD_FACTOR * host_ms * 1e3))
+def auto_ahead_us(host_ms: float, cap_us: float) -> float:
+    """The ``auto`` host-ahead window of a call whose host time to enqueue is ``host_ms``: HOST_AHEAD_MIN_US or more."""
+    return min(cap_us, max(HOST_AHEAD_MIN_US, HOST_AHEAD_FACTOR * host_ms * 1e3))
 
 
 def rotation(items: list, round_index: int) -> list:
@@ -117,7 +117,7 @@ def time_gpu(clock, calls, n_sets: int, counter: int, reps: int, warmup: int, on
         if r == warmup - 1:  # the window per (provider, pass), from its warm-up host times
             for key, hs in warm_host.items():
                 if hs:
-                    out.window_us[key] = auto_ahead_us(max(hs), HOST_AHEAD_MIN_US, HOST_AHEAD_MAX_US)
+                    out.window_us[key] = auto_ahead_us(max(hs), HOST_AHEAD_MAX_US)
     return out
 
 
