@@ -23,7 +23,7 @@ BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
 TOOLS = ROOT / "tools"
 MODULES = {"__init__", "timing", "report", "op", "kcp", "model_step", "first_step"}
-MAX_PACKAGE_LINES = 2640  # about 2,500 is the aim; the seven modules hold 2,635, each part a cited capability
+MAX_PACKAGE_LINES = 2639  # about 2,500 is the aim; the seven modules hold 2,639, each part a cited capability
 MAX_FUNCTION_LINES = 80
 MAX_RESULT_FILES = 36  # few: a new figure replaces its older file, logs of one campaign share a file
 
