@@ -312,9 +312,9 @@ def test_zero_halo_rows_give_the_single_rank_bits_signs_of_zero_included(W, acti
     """KCP's forward row kernel adds w * 0 for a halo row of zero (a document that starts on the rank),
     as the main kernel's walks add w * 0 for a row of another document. The two must give the same
     bits, signs of zero included (a forward that skipped those taps and kept a bias of -0 would not:
-    fma(w0, 0, -0) is -0 for w0 < 0, and w * 0 added to it is +0 for w > 0; benchmarks/NOTES.md 3.7
-    has that forward, measured and dropped). Here the bias is -0 in half the channels,
-    with w[0] < 0 there, x is -0 in whole documents (positive taps: every product -0) and 1-5-token
+    fma(w0, 0, -0) is -0 for w0 < 0, and w * 0 added to it is +0 for w > 0; benchmarks/NOTES.md,
+    section 4, has that forward, measured and dropped). Here the bias is -0 in half the channels,
+    with w[0] < 0 there, x is -0 in whole documents (positive taps: every product -0), and 1-5-token
     documents put most rows next to a boundary. Every row rewritten through the row kernel with a
     zero halo equals the main kernel's (compared as integers: torch.equal takes -0 for +0)."""
     S, C, H = 160, 16, W - 1
