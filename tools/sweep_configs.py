@@ -3,7 +3,7 @@
 Prints, per (pass, C, config): median ms over cold-L2 calls, the host queued ahead (benchmarks/timing.py),
 and the fraction of the copy bandwidth measured in the same run (floor bytes: forward 4*S*C, backward
 6*S*C for bf16). Writes a JSON-lines file, a row per configuration with the run's GPU, versions, date
-and commit, when --out is given.
+and commit, when --out is given: each row as it is measured, so a run cut by a time limit keeps its rows.
 
     python tools/sweep_configs.py --C 128,512,2048,8192 --out $OUT
     python tools/sweep_configs.py --C 128,256 --doc-mix seed \
@@ -91,12 +91,12 @@ def quick_calls(pass_, sets, inputs, cu, S, act):
     return [lambda s=s: launch.run(s[1], s[0], w, b, cu, s[3], ws, dw, db) for s in sets]
 
 
-def sweep_pass(pass_, C, picks, sets, inputs, cu, args, clock, bw):
-    """Time every configuration of ``picks`` for one pass at one C; one row each (also printed)."""
+def sweep_pass(pass_, C, picks, sets, inputs, cu, args, clock, bw, record):
+    """Time every configuration of ``picks`` for one pass at one C; one row each, printed and given to
+    ``record`` as soon as it is measured (a run cut short keeps the rows it measured)."""
     S = args.S
     w, b, ws, dw, db = inputs
     act = None if args.activation == "none" else args.activation
-    rows = []
     for cfg in picks:
         if cfg == "quick":
             fns = quick_calls(pass_, sets, inputs, cu, S, act)
@@ -109,11 +109,10 @@ def sweep_pass(pass_, C, picks, sets, inputs, cu, args, clock, bw):
                    for s in sets]
         ms = time_calls(clock, fns, args.reps)
         frac = (4 if pass_ == "fwd" else 6) * S * C / ms / 1e6 / bw
-        rows.append(dict(pass_=pass_, C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc,
-                         doc_mix=args.doc_mix, n_docs=cu.numel() - 1, bias=args.bias, width=args.width,
-                         activation=args.activation))
+        record(dict(pass_=pass_, C=C, cfg=str(cfg), ms=ms, frac=frac, mean_doc=args.mean_doc,
+                    doc_mix=args.doc_mix, n_docs=cu.numel() - 1, bias=args.bias, width=args.width,
+                    activation=args.activation))
         print(f"{pass_} W={args.width} {args.activation} C={C:5d} {cfg}: {ms:.4f} ms  {frac:.3f}", flush=True)
-    return rows
 
 
 def parse_args():
@@ -165,6 +164,20 @@ def main():
           f"commit {env['commit']} | {env['date']}", flush=True)
     rows = []
     S = args.S
+    out = None
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        mix = (args.doc_mix or f"mean{args.mean_doc}").replace(":", "_")
+        name = f"sweep_configs_W{args.width}_{args.activation}_bias-{args.bias}_{mix}.jsonl"
+        out = open(os.path.join(args.out, name), "w")
+
+    def record(r):
+        rows.append(r)
+        if out is not None:
+            out.write(json.dumps({**r, **{k: env[k] for k in ("gpu", "torch", "triton", "date", "commit")},
+                                  "copy_gbps": bw, "S": S}) + "\n")
+            out.flush()
+
     for C in [int(c) for c in args.C.split(",")]:
         cu = mix_cu(S, args.doc_mix, seed=C) if args.doc_mix else sweep_cu(S, C, args.mean_doc)
         sets = []
@@ -180,7 +193,7 @@ def main():
         for pass_ in ("fwd", "bwd"):
             if pass_ in args.passes:
                 picks = candidates(pass_, C, args, extra, b is not None)
-                rows += sweep_pass(pass_, C, picks, sets, (w, b, ws, dw, db), cu, args, clock, bw)
+                sweep_pass(pass_, C, picks, sets, (w, b, ws, dw, db), cu, args, clock, bw, record)
         del sets
     print("\n# best per (pass, C)")
     for p in ("fwd", "bwd"):
@@ -189,14 +202,8 @@ def main():
             if cand:
                 best = min(cand, key=lambda r: r["ms"])
                 print(f"{p} C={C:5d} best {best['cfg']} {best['ms']:.4f} ms frac {best['frac']:.3f}")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        mix = (args.doc_mix or f"mean{args.mean_doc}").replace(":", "_")
-        name = f"sweep_configs_W{args.width}_{args.activation}_bias-{args.bias}_{mix}.jsonl"
-        with open(os.path.join(args.out, name), "w") as f:
-            for r in rows:
-                r.update({k: env[k] for k in ("gpu", "torch", "triton", "date", "commit")}, copy_gbps=bw, S=S)
-                f.write(json.dumps(r) + "\n")
+    if out is not None:
+        out.close()
     return 0
 
 
