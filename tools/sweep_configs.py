@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.append(REPO)  # the benchmarks package; after PYTHONPATH, where an A/B puts another cakeconv
 from benchmarks.op import mix_cu, sweep_cu  # noqa: E402
-from benchmarks.report import run_environment  # noqa: E402
+from benchmarks.report import run_environment, write_jsonl  # noqa: E402
 from benchmarks.timing import HOST_AHEAD_MIN_US, DeviceClock, copy_bandwidth  # noqa: E402
 
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels import launch as triton_launch, tuning  # noqa: E402
@@ -168,15 +168,15 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         mix = (args.doc_mix or f"mean{args.mean_doc}").replace(":", "_")
-        name = f"sweep_configs_W{args.width}_{args.activation}_bias-{args.bias}_{mix}.jsonl"
-        out = open(os.path.join(args.out, name), "w")
+        out = os.path.join(args.out, f"sweep_configs_W{args.width}_{args.activation}_bias-{args.bias}_{mix}.jsonl")
+        write_jsonl(out, [])
 
-    def record(r):
+    def record(r):  # appended as measured, as benchmarks.op's partial rows are
         rows.append(r)
         if out is not None:
-            out.write(json.dumps({**r, **{k: env[k] for k in ("gpu", "torch", "triton", "date", "commit")},
-                                  "copy_gbps": bw, "S": S}) + "\n")
-            out.flush()
+            with open(out, "a") as f:
+                f.write(json.dumps({**r, **{k: env[k] for k in ("gpu", "torch", "triton", "date", "commit")},
+                                    "copy_gbps": bw, "S": S}) + "\n")
 
     for C in [int(c) for c in args.C.split(",")]:
         cu = mix_cu(S, args.doc_mix, seed=C) if args.doc_mix else sweep_cu(S, C, args.mean_doc)
@@ -202,8 +202,6 @@ def main():
             if cand:
                 best = min(cand, key=lambda r: r["ms"])
                 print(f"{p} C={C:5d} best {best['cfg']} {best['ms']:.4f} ms frac {best['frac']:.3f}")
-    if out is not None:
-        out.close()
     return 0
 
 
