@@ -112,12 +112,14 @@ def test_gpu_widths_match_reference_and_oracle_and_repeat_bitwise(S, C, mean, W,
     y2 = cake_causal_conv1d_det_train_forward(x, w, b, cu, activation=activation)
     dx2, dw2, db2 = cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation)
     assert torch.equal(y, y2) and torch.equal(dx, dx2) and torch.equal(dw, dw2) and torch.equal(db, db2)
-    # every configuration the tuner may pick gives the same bits (fixed summation order)
-    for cfg in tuning.FWD_CONFIGS:
+    # every configuration the tuner may pick at this width gives the same bits (fixed summation order;
+    # W = 4 + SiLU's every listed configuration: test_gpu_every_config_gives_the_same_bits)
+    fwd_configs, bwd_configs = tuning.configs_at_width(W)
+    for cfg in fwd_configs:
         y_cfg = torch.full_like(x, float("nan"))
         triton_launch.triton_forward(x, w, b, cu, None, y_cfg, config=cfg, activation=activation)
         assert torch.equal(y_cfg, y), cfg
-    for cfg in tuning.BWD_CONFIGS:
+    for cfg in bwd_configs:
         for a, c in zip(_backward_with(dy, x, w, b, cu, cfg, activation), (dx, dw, db)):
             assert torch.equal(a, c), cfg
 

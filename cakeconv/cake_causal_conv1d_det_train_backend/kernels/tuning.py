@@ -148,6 +148,15 @@ def pick_bwd_config(C: int, itemsize: int, interpret: bool, has_bias: bool = Fal
     return _BWD  # the unmasked-body branch is slower here: at C = 128, and at 512 with bias (0.82 -> 0.79)
 
 
+def configs_at_width(width: int) -> tuple[tuple[FwdConfig, ...], tuple[BwdConfig, ...]]:
+    """(forward, backward) configurations the two picks above return at ``width`` taps for some C,
+    dtype and bias, the interpreter's aside: what a compiled run at that width can launch (the quick
+    twins' configurations are picked below)."""
+    if width >= WIDE_TAPS:
+        return (_FWD_ODD, _FWD_WIDE_TAPS), (_BWD_TINY, _BWD_WIDE_TAPS, _BWD_WIDE_TAPS_BRANCH)
+    return (_FWD_ODD, _FWD_SMALL, _FWD_WIDE, _FWD_MID), (_BWD_TINY, _BWD, _BWD_BRANCH, _BWD_BRANCH_NO_BIAS)
+
+
 # The quick twins' one configuration for every C (compile_ahead.py: what a first training step runs while
 # the full kernels compile): one compiled twin then serves every channel count. Chosen for a short
 # compile and a moderate register count, not measured for speed (the full kernels take over).
