@@ -74,32 +74,35 @@ def pairwise_rows(v: torch.Tensor) -> torch.Tensor:
     return v[0]
 
 
-def backward_tree_from_nodes(ws_F: torch.Tensor, S: int, C: int, R: int):
+def backward_tree_from_nodes(ws_F: torch.Tensor, S: int, C: int, R: int, width: int = 4):
     """The backward's levels above its nodes, redone with torch adds in the documented order.
 
-    ws_F: the workspace after a Triton backward with configuration R; its first
-    cdiv(S, BWD_SUB * R) * 5 * C floats are the nodes [n_nodes, 5, C] (each the sum of R leaves of
-    BWD_SUB rows). Returns (group sums [G, 5, C], dw [C, 4], db [C]) in FP32: groups of
-    TREE_LEAVES / R nodes (missing nodes 0) as pairwise trees, then each block of 64 groups as a
-    pairwise tree (missing groups 0) and the block sums added in block order. Every add is one
-    IEEE FP32 add, so these are the bits the kernel must produce.
+    ws_F: the workspace after a Triton backward with configuration R at ``width`` taps; with
+    (sub, leaves) = launch.leaf_tree(width) and K = width + 1 columns, its first
+    cdiv(S, sub * R) * K * C floats are the nodes [n_nodes, K, C] (each the sum of R leaves of sub
+    rows). Returns (group sums [G, K, C], dw [C, width], db [C]) in FP32: groups of leaves / R
+    nodes (missing nodes 0) as pairwise trees, then each block of 64 groups as a pairwise tree
+    (missing groups 0) and the block sums added in block order. Every add is one IEEE FP32 add,
+    so these are the bits the kernel must produce.
     """
-    from cakeconv.cake_causal_conv1d_det_train_backend.kernels.backward import BWD_SUB, TREE_LEAVES
+    from cakeconv.cake_causal_conv1d_det_train_backend.kernels.launch import leaf_tree
 
-    n_nodes = -(-S // (BWD_SUB * R))
-    m = TREE_LEAVES // R
-    n_groups = -(-S // (BWD_SUB * TREE_LEAVES))
-    nodes = ws_F[: n_nodes * 5 * C].view(n_nodes, 5, C)
-    padded = torch.zeros(n_groups * m, 5, C, dtype=torch.float32, device=ws_F.device)
+    sub, leaves, _ = leaf_tree(width)
+    K = width + 1
+    n_nodes = -(-S // (sub * R))
+    m = leaves // R
+    n_groups = -(-S // (sub * leaves))
+    nodes = ws_F[: n_nodes * K * C].view(n_nodes, K, C)
+    padded = torch.zeros(n_groups * m, K, C, dtype=torch.float32, device=ws_F.device)
     padded[:n_nodes] = nodes
     gs = torch.stack([pairwise_rows(padded[g * m:(g + 1) * m]) for g in range(n_groups)])
     n_blocks = -(-n_groups // 64)
-    gpad = torch.zeros(n_blocks * 64, 5, C, dtype=torch.float32, device=ws_F.device)
+    gpad = torch.zeros(n_blocks * 64, K, C, dtype=torch.float32, device=ws_F.device)
     gpad[:n_groups] = gs
-    total = torch.zeros(5, C, dtype=torch.float32, device=ws_F.device)
+    total = torch.zeros(K, C, dtype=torch.float32, device=ws_F.device)
     for k in range(n_blocks):
         total = total + pairwise_rows(gpad[k * 64:(k + 1) * 64])
-    return gs, total[:4].t().contiguous(), total[4].clone()
+    return gs, total[:width].t().contiguous(), total[width].clone()
 
 
 # ------------------------------------------------------- "rounded once": per-element ulp checks

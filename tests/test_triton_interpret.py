@@ -174,6 +174,30 @@ def test_triton_dweight_tree_over_several_groups():
     assert rel_err(outs[0][1], dwo) < 1e-5 and rel_err(outs[0][2], dbo) < 1e-5
 
 
+def test_triton_wide_dweight_tree_has_128_row_leaves_and_8192_row_groups():
+    """W = 8 (leaf_tree: 128-row leaves, 64 to a group): S of one full group (8,192 rows) and a
+    partial second take the main and the group kernel, whose dweight/dbias and group sums are the
+    bits of that order redone on the host from the nodes (R = 2, the wide picks' node size), and
+    match float64, as dx does."""
+    W, S, C, R = 8, 8192 + 300, 8, 2
+    assert triton_launch.leaf_tree(W)[:2] == (128, 64) and triton_launch.leaf_tree(4)[:2] == (64, 128)
+    cu = torch.tensor([0, 3, 5000, 8190, 8195, 8300, S], dtype=torch.int32)
+    x, w, b, dy = make_inputs(S, C, seed=14, width=W)
+    n_ws = triton_launch.backward_workspace_floats(S, C, W)
+    assert n_ws == (W + 1) * C * (-(-S // 128) + 2)
+    dx, dw, db = torch.empty_like(x), torch.full((C, W), float("nan")), torch.full((C,), float("nan"))
+    ws = torch.full((n_ws,), float("nan"))
+    with triton_launch.record_launches(launch=True) as launches:
+        triton_launch.triton_backward(dy, x, w, b, cu, None, dx, ws, dw, db, config=BwdConfig(R, 8, 1))
+    assert [rec.kernel.name for rec in launches] == ["cake_conv_bwd_kernel", "cake_conv_bwd_group_kernel"]
+    gs, dw_host, db_host = backward_tree_from_nodes(ws, S, C, R, width=W)
+    n_leaves = -(-S // 128)
+    assert torch.equal(ws[n_leaves * (W + 1) * C:(n_leaves + 2) * (W + 1) * C].view(2, W + 1, C), gs)
+    assert torch.equal(dw, dw_host) and torch.equal(db, db_host)
+    dxo, dwo, dbo = causal_conv1d_oracle_backward(dy, x, w, b, cu, "silu")
+    assert rel_err(dx, dxo) < TOLERANCES[torch.bfloat16] and rel_err(dw, dwo) < 1e-5 and rel_err(db, dbo) < 1e-5
+
+
 @pytest.mark.parametrize("S, R, C, bias, calls", [(700, 4, 16, True, 2), (8192, 8, 8, False, 1)])
 def test_triton_one_group_is_added_by_the_last_program(S, R, C, bias, calls):
     """S <= 8192 rows (one group): ONE launch, the one-group kernel, whose last program of each

@@ -1,8 +1,8 @@
 """Triton backward kernels: one pass for dx and FP32 dweight/dbias partials, then a fixed-order sum.
 
 Shape legend: S packed tokens, C channels, N segments, R sub-runs per program, BC channels per
-program, W taps (2..8, compile-time), H = W - 1 halo rows, L leaves (sub-runs of BWD_SUB rows),
-G groups of TREE_LEAVES leaves.
+program, W taps (2..8, compile-time), H = W - 1 halo rows, L leaves (sub-runs of the SUB rows of
+launch.leaf_tree(W): BWD_SUB up to W = 4, 2 BWD_SUB from W = 5), G groups of 8,192 rows.
 
 Math (FP32, pre recomputed in registers, never read from memory):
 
@@ -12,9 +12,9 @@ Math (FP32, pre recomputed in registers, never read from memory):
                                                                   else 0 / the look-ahead halo)
     dw[c, k] = sum_t g[t, c] * x[t - H + k, c],   db[c] = sum_t g[t, c]
 
-The dweight/dbias sum has ONE order, fixed by S alone (never by a tuning choice):
-  1. each leaf (BWD_SUB consecutive rows) accumulates its rows in row order with FMAs;
-  2. the leaves of each aligned group of TREE_LEAVES leaves are added as a pairwise tree;
+The dweight/dbias sum has ONE order, fixed by S and W alone (never by a tuning choice):
+  1. each leaf (SUB consecutive rows) accumulates its rows in row order with FMAs;
+  2. the leaves of each aligned group (8,192 rows: 8192 / SUB leaves) are added as a pairwise tree;
   3. the group sums of each aligned block of GROUP_BLOCK groups are added as a pairwise tree
      (missing groups count as zero), and the block sums in block order (one block up to
      S = 2**19 = 524,288 tokens).
@@ -22,7 +22,7 @@ A program that owns R = 2**j adjacent leaves adds them with the bottom j levels 
 before writing (fewer partial bytes); the group kernel finishes the tree from level j. So R, BC and
 the warp count change speed, never bits.
 
-Launches: S <= TREE_LEAVES * BWD_SUB rows (one group) take one, the one-group kernel, whose last
+Launches: S <= 8,192 rows (one group, every W) take one, the one-group kernel, whose last
 program per channel block (by ticket) finishes the tree; more groups take two, the main kernel
 and the group kernel, whose last program per column block (by ticket) adds the group sums.
 """
@@ -60,11 +60,11 @@ from .common import (
     rows_ahead,
 )
 
-# Rows per leaf of the dweight tree (fixed: part of the summation order). 64, not 32: a leaf's
-# sub-run re-reads H x rows before and H x and dy rows after it and recomputes H rows of g, so
-# 64-row leaves halve that overhead (measured faster on the H200 than 32-row leaves at W = 4).
+# Rows per leaf of the dweight tree up to W = 4 (fixed: part of the summation order; from W = 5 twice
+# that, launch.leaf_tree). 64, not 32: a leaf's sub-run re-reads H x rows before and H x and dy rows
+# after it and recomputes H rows of g; 64-row leaves halve that (faster on the H200 at W = 4).
 BWD_SUB = 64
-TREE_LEAVES = 128  # leaves per group of the pairwise tree (fixed: part of the summation order)
+TREE_LEAVES = 128  # leaves per group of the pairwise tree up to W = 4 (fixed: part of the order)
 LOG2_TREE_LEAVES = 7
 GROUP_BLOCK = 64  # group sums added as one pairwise tree per block of 64 groups (fixed)
 LOG2_GROUP_BLOCK = 6

@@ -1,6 +1,6 @@
 """Host launchers of the Triton kernels (no validation here: the entry points validate first).
 
-Shape legend: S packed tokens, C channels, N segments, L leaves of BWD_SUB rows, G groups,
+Shape legend: S packed tokens, C channels, N segments, L leaves (``leaf_tree``), G groups,
 n listed rows (KCP boundary rows), K halo rows.
 
 Each launcher computes its grid and arguments into a ``Prepared`` launch (``Kernel.prepare``;
@@ -321,14 +321,34 @@ def cdiv(a: int, b: int) -> int:
 
 # ------------------------------------------------------------------------- the convolution
 
+WIDE_LEAVES = 5  # from this width on, the dweight tree's leaves hold 2 * BWD_SUB rows (leaf_tree)
+
+
+def leaf_tree(width: int) -> tuple[int, int, int]:
+    """(rows per leaf, leaves per group, log2 of the leaves per group) of the backward's dweight tree
+    at ``width`` taps: part of the summation order, so fixed by W, never by a tuning choice.
+
+    A leaf's walk also reads the W - 1 rows before it and recomputes g of the W - 1 rows after it;
+    from W = WIDE_LEAVES on, leaves of 128 rows halve that (64 leaves to a group, so a group is 8,192
+    rows at every width and the one-group regime is S <= 8,192 at every width). W <= 4 keeps 64-row
+    leaves, 128 to a group: W = 4's bits do not change. One H100, backward alone, C = 512, no bias,
+    1-64-token documents: W = 5 + SiLU 3.4% faster, W = 7 4.5%, W = 8 5.3%; the seed mix 2.1-3.0%
+    (benchmarks/NOTES.md 3.7).
+    """
+    if width >= WIDE_LEAVES:
+        return 2 * BWD_SUB, TREE_LEAVES // 2, LOG2_TREE_LEAVES - 1
+    return BWD_SUB, TREE_LEAVES, LOG2_TREE_LEAVES
+
+
 def backward_workspace_floats(S: int, C: int, width: int = TAPS) -> int:
     """FP32 elements of the backward workspace: level-0 leaf partials ((width + 1) * C floats a
     leaf: the taps' and the bias's) plus group sums.
 
     Sized for the smallest R a configuration may use (R = 1), so it never depends on tuning.
     """
-    n_leaves = cdiv(S, BWD_SUB)
-    n_groups = cdiv(n_leaves, TREE_LEAVES)
+    sub, leaves_per_group, _ = leaf_tree(width)
+    n_leaves = cdiv(S, sub)
+    n_groups = cdiv(n_leaves, leaves_per_group)
     return (width + 1) * C * (n_leaves + n_groups)
 
 
@@ -536,7 +556,7 @@ TICKETS = TicketCounters()
 class BackwardLaunches:
     """The backward kernels' launches for one operand layout (``prepare_backward``).
 
-    One group of the dweight tree (S <= TREE_LEAVES * BWD_SUB): the one-group main kernel alone,
+    One group of the dweight tree (S <= 8,192, ``leaf_tree``): the one-group main kernel alone,
     which also writes dw / db. Two or more groups: the main kernel, then the group kernel, which
     writes them. ``tickets``: the count and workspace offset of the ticket counters of the kernel
     that writes dw / db.
@@ -603,25 +623,26 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     n_seg, T = _segments(S, n_cu, seq_len)
     R = cfg.R
     logr = R.bit_length() - 1
-    assert 1 << logr == R and R <= TREE_LEAVES
-    n_nodes = cdiv(S, R * BWD_SUB)
-    n_leaves = cdiv(S, BWD_SUB)
-    n_groups = cdiv(n_leaves, TREE_LEAVES)
+    sub, leaves_per_group, log2_leaves_per_group = leaf_tree(width)
+    assert 1 << logr == R and R <= leaves_per_group
+    n_nodes = cdiv(S, R * sub)
+    n_leaves = cdiv(S, sub)
+    n_groups = cdiv(n_leaves, leaves_per_group)
     C5 = (width + 1) * C  # partial columns: the taps' and the bias's
 
     one_group = n_groups == 1
-    M = TREE_LEAVES // R  # level-logr nodes per group
+    M = leaves_per_group // R  # level-logr nodes per group
     grid = (n_nodes * cdiv(C, cfg.BC), 1, 1)
     scalars = (S, C // 8, n_seg, T)
     strides = (x_stride // 8, dy_stride // 8, dx_stride // 8)
     # (one group: the last program adds [M, EPI_BC] of the nodes at a time, 32 floats a thread)
-    tail = (M, LOG2_TREE_LEAVES - logr, min(cfg.BC, 1024 * cfg.num_warps // M)) if one_group else ()
+    tail = (M, log2_leaves_per_group - logr, min(cfg.BC, 1024 * cfg.num_warps // M)) if one_group else ()
 
     def variant(has_cu, cu_t):
         dtypes = (x_dtype, dy_dtype, w_dtype, b_dtype or w_dtype, cu_t or w_dtype)
         if one_group:  # + dw, db (dw's dtype) and the int32 tickets
             dtypes = (*dtypes, dw_dtype, torch.int32)
-        flags = (b_dtype is not None, has_cu, has_hist, has_fut, R, logr, BWD_SUB, cfg.BC)
+        flags = (b_dtype is not None, has_cu, has_hist, has_fut, R, logr, sub, cfg.BC)
         if quick:  # the strides are arguments
             return (BWD_ONE_GROUP_QUICK if one_group else BWD_QUICK).prepare(
                 grid, dtypes, (*scalars, *strides), (*flags, width, act, *tail), cfg.num_warps, cfg.maxnreg)
@@ -642,7 +663,8 @@ def prepare_backward(S, C, x_stride, dy_stride, dx_stride, x_dtype, dy_dtype, w_
     n_tickets = cdiv(C5, blk)
     assert n_nodes * C5 + n_tickets <= n_leaves * C5, "the group kernel's counters need R >= 2"
     group = BWD_GROUP.prepare((n_groups, n_tickets, 1), (dw_dtype,), (n_nodes, n_leaves, n_groups, C),
-                              (b_dtype is not None, M, LOG2_TREE_LEAVES - logr, blk, GROUP_BLOCK, LOG2_GROUP_BLOCK, width),
+                              (b_dtype is not None, M, log2_leaves_per_group - logr, blk, GROUP_BLOCK, LOG2_GROUP_BLOCK,
+                               width),
                               warps)
     return BackwardLaunches(main, ids, group, S, (n_tickets, n_nodes * C5))
 

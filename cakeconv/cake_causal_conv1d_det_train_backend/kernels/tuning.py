@@ -34,7 +34,7 @@ class FwdConfig:
 
 @dataclass(frozen=True)
 class BwdConfig:
-    """R leaves (of triton_backward.BWD_SUB rows) side by side, BC channels, num_warps warps.
+    """R leaves (of launch.leaf_tree(W)'s rows) side by side, BC channels, num_warps warps.
 
     stages and maxnreg: as for FwdConfig. step_branch: in masked programs of few segments, the row
     steps away from every boundary take the unmasked loop body (triton_backward._bwd_run).
