@@ -539,10 +539,10 @@ def cake_causal_conv1d_det_train_forward_workspace_bytes(S: int, C: int, *, widt
 def cake_causal_conv1d_det_train_backward_workspace_bytes(S: int, C: int, *, width: int = 4, **_ignored) -> int:
     """Bytes of the backward workspace for S tokens, C channels and W = ``width`` taps (2..8).
 
-    It holds the FP32 dweight/dbias partials ((W + 1) * C floats per 64-token leaf, the most any
-    configuration writes, plus one group sum per 8192 tokens) and room for the returned dweight
-    ([C, W]) and dbias ([C]), FP32-sized, so that a call given a workspace allocates nothing. The
-    activation does not change the size.
+    It holds the FP32 dweight/dbias partials ((W + 1) * C floats per leaf of 64 tokens, 128 from
+    W = 5 on: the most any configuration writes, plus one group sum per 8192 tokens) and room for
+    the returned dweight ([C, W]) and dbias ([C]), FP32-sized, so that a call given a workspace
+    allocates nothing. The activation does not change the size.
 
     Raises:
         ValueError: S or C negative, or a width outside 2..8 (the message names it).
