@@ -56,7 +56,7 @@ __all__ = ["warmup", "WarmupProblem", "problem_specializations", "wait_for_kerne
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
            "fp32": torch.float32, "float32": torch.float32}
-ONE_GROUP_S = 4096        # one group of the dweight tree (at most 128 leaves of 64 rows)
+ONE_GROUP_S = 4096        # one group of the dweight tree (a group is 8,192 rows at every width)
 MULTI_GROUP_S = 8320      # two groups: the main and the group kernels
 SHORT_DOC = 4             # tokens per document of the many-documents case (the segment-index variants)
 
