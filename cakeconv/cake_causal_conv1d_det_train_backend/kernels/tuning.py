@@ -2,7 +2,7 @@
 
 No choice made here changes a single bit of any result: the forward computes every element with
 the same instructions whatever the tile, and the backward's dweight/dbias summation order is fixed
-by S alone (see triton_backward.py). ``FWD_CONFIGS`` / ``BWD_CONFIGS`` list every configuration the
+by S and W alone (see triton_backward.py). ``FWD_CONFIGS`` / ``BWD_CONFIGS`` list every configuration the
 heuristics may return, so a test can run them all and compare bits.
 
 Nothing here queries the GPU driver at import time.
