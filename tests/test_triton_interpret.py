@@ -331,6 +331,39 @@ def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkey
         assert torch.equal(got, want)
 
 
+def test_many_segment_step_branch_gives_the_masked_walks_bits(monkeypatch):
+    """At W = 5 + SiLU a many-segment program with per-token indices away from both ends runs a row
+    step whose rows t .. t + H + STEP - 1 lie in one document (in each of its leaves) through the
+    unmasked body. Documents of 1-40 tokens give the middle program (rows 256-511: two 128-row
+    leaves) both kinds of steps; dx, dweight and dbias must be the bits of the binary-search path,
+    which walks every step masked, and match float64."""
+    W, activation = 5, "silu"
+    S, C, H, leaf, R, step = 768, 16, W - 1, 128, 2, 4
+    gen = torch.Generator().manual_seed(37 + W)
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(torch.randint(1, 41, (), generator=gen))))
+    cu = torch.tensor(cuts, dtype=torch.int32)
+    doc = torch.bucketize(torch.arange(S), cu[1:], right=True)  # document of each row
+    p0 = R * leaf
+    assert p0 - H >= 0 and p0 + R * leaf - 1 + H < S  # the middle program: no row bounds
+    clean = [all(doc[p0 + r * leaf + i] == doc[min(S - 1, p0 + r * leaf + i + H + step - 1)] for r in range(R))
+             for i in range(0, leaf, step)]
+    assert any(clean) and not all(clean), clean  # both step bodies run
+    assert use_segment_ids(len(cuts) - 1, S, C)
+    x, w, b, dy = make_inputs(S, C, seed=38, width=W)
+    outs = []
+    for ids in (True, False):
+        monkeypatch.setattr(triton_launch, "use_ids", ids)
+        outs.append(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation, backend="triton"))
+    dxo, dwo, dbo = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
+    assert rel_err(outs[0][0], dxo) < TOLERANCES[x.dtype] and rel_err(outs[0][1], dwo) < 2e-5
+    assert rel_err(outs[0][2], dbo) < 2e-5
+    for got, want in zip(outs[1], outs[0]):
+        assert torch.equal(got.view(torch.int16) if got.dtype == torch.bfloat16 else got.view(torch.int32),
+                           want.view(torch.int16) if want.dtype == torch.bfloat16 else want.view(torch.int32))
+
+
 @pytest.mark.parametrize("W,activation", [(8, "silu"), (5, None), (3, "silu"), (4, "silu")])
 def test_zero_halo_rows_give_the_single_rank_bits_signs_of_zero_included(W, activation):
     """KCP's forward row kernel adds w * 0 for a halo row of zero (a document that starts on the rank),

@@ -276,7 +276,8 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     memory, ``STAGES`` deep); at W = 4 a row kept two steps (the dweight window reading x[t-3] of
     rows loaded two steps earlier) stopped it.
     STEP_BRANCH (a speed choice, same bits): in a FEW masked program, the steps away from every
-    boundary run the unmasked body (faster on the H200 at C >= 512 without bias).
+    boundary run the unmasked body (faster on the H200 at C >= 512 without bias); at W = 5 + SiLU
+    also the many-segment middle walk's steps whose rows all lie in one segment (IDS_BRANCH).
     ROWS_PER_STEP: the loop's rows per step when > 0 (the quick twin's 1: a smaller loop body to
     compile, the same bits, since every row takes the same FMAs in the same order whatever the
     step); 0: 4, or 8 from W = 6 on (below). HEAD_LOOP (the quick twin, a masked walk of many segments):
@@ -292,6 +293,9 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
     # the loads only when each loaded row is used in its own step and the next alone.
     STEP: tl.constexpr = ROWS_PER_STEP if ROWS_PER_STEP > 0 else 4 + 4 * (H > 4)
     IDS: tl.constexpr = MASKED and (not FEW) and HAS_CU == SEGMENT_IDS
+    # W = 5 + SiLU only: one H100, backward alone, C = 512, -1.1% (1-64 documents) and -3.8% (seed mix);
+    # W = 7 without activation +2.5% and W = 8 + SiLU +9% on 1-64 documents (notes 3.7)
+    IDS_BRANCH: tl.constexpr = IDS and STEP_BRANCH and (not BOUNDS) and H == 4 and ACT == 1
     if HEAD_LOOP:  # the quick twin: the head's H rows one per loop step (_bwd_head_loop)
         xs, ids, carried, accs, accb = _bwd_head_loop(
             x_ptr, dy_ptr, cu_ptr, hist_ptr, rows0, cols, cmask, sx, sdy, S, C, n_seg, seq_len, seg, b, ws,
@@ -352,19 +356,25 @@ def _bwd_run(x_ptr, dy_ptr, dx_ptr, cu_ptr, hist_ptr, fut_ptr, p0, rows0, cols, 
         all_ids = ids + new_ids
         all_x = xs + new_x
         gs, ds, es = _split_rows(carried)
-        if MASKED and FEW and STEP_BRANCH:
-            # Few segments: only the steps next to a boundary (or reaching row S) take the masked
-            # body; the others run the unmasked one, which computes the same bits there.
-            if ((dirty >> (i // STEP)) & 1) == 0:
+        if (MASKED and FEW and STEP_BRANCH) or IDS_BRANCH:
+            # Only the steps that read rows of two segments (or, with few segments, reach row S) take the
+            # masked body; the others run the unmasked one, which computes the same bits there. Few
+            # segments: the program's boundaries mark those steps (dirty); many, with per-token indices
+            # (IDS_BRANCH): the indices of rows t and t+H+STEP-1 differ in a leaf (they never decrease).
+            if FEW:
+                clean = ((dirty >> (i // STEP)) & 1) == 0
+            else:
+                clean = tl.max(all_ids[H + STEP - 1] - all_ids[0], axis=0) == 0
+            if clean:
                 accs, accb, all_g, all_d, all_e = _bwd_step(
                     all_x, new_dy, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, hist_ptr, fut_ptr,
                     cols, cmask, sdx, S, C, n_seg, seq_len, seg, all_ids, HAS_CU, HAS_HIST, HAS_FUT, False, False, SUB,
-                    True, ACT, STEP, BOUNDS, DB)
+                    FEW, ACT, STEP, BOUNDS, DB)
             else:
                 accs, accb, all_g, all_d, all_e = _bwd_step(
                     all_x, new_dy, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, hist_ptr, fut_ptr,
-                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, all_ids, HAS_CU, HAS_HIST, HAS_FUT, True, True, SUB,
-                    True, ACT, STEP, BOUNDS, DB)
+                    cols, cmask, sdx, S, C, n_seg, seq_len, seg, all_ids, HAS_CU, HAS_HIST, HAS_FUT, True, FEW, SUB,
+                    FEW, ACT, STEP, BOUNDS, DB)
         else:
             accs, accb, all_g, all_d, all_e = _bwd_step(
                 all_x, new_dy, gs, ds, es, accs, accb, t, i, dx_base, b, ws, cu_ptr, hist_ptr, fut_ptr,

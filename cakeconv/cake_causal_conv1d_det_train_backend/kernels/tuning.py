@@ -36,8 +36,9 @@ class FwdConfig:
 class BwdConfig:
     """R leaves (of launch.leaf_tree(W)'s rows) side by side, BC channels, num_warps warps.
 
-    stages and maxnreg: as for FwdConfig. step_branch: in masked programs of few segments, the row
-    steps away from every boundary take the unmasked loop body (triton_backward._bwd_run).
+    stages and maxnreg: as for FwdConfig. step_branch: in masked programs of few segments (and at
+    W = 5 + SiLU in those of many), the row steps away from every boundary take the unmasked loop
+    body (triton_backward._bwd_run).
     """
 
     R: int
