@@ -303,6 +303,34 @@ def test_triton_row_bits_do_not_depend_on_the_segment_lookup_path():
         assert torch.equal(dx, outs[0][1]), lens
 
 
+def _random_cuts(S, lo, hi, seed):
+    """cu_seqlens (a list) of documents of lo .. hi - 1 tokens (the last one cut at S)."""
+    gen = torch.Generator().manual_seed(seed)
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(torch.randint(lo, hi, (), generator=gen))))
+    return cuts
+
+
+def _assert_both_lookups_give_the_same_bits(S, C, W, activation, cuts, seed, monkeypatch):
+    """The backward with per-token segment indices and with the binary search over cu (use_ids on and
+    off, which walk some programs differently): dx, dweight and dbias within tolerance of float64, and
+    the same bits in both (compared as integers: torch.equal takes -0 for +0)."""
+    cu = torch.tensor(cuts, dtype=torch.int32)
+    assert use_segment_ids(len(cuts) - 1, S, C)  # with use_ids on, the launches read per-token indices
+    x, w, b, dy = make_inputs(S, C, seed=seed, width=W)
+    outs = []
+    for ids in (True, False):
+        monkeypatch.setattr(triton_launch, "use_ids", ids)
+        outs.append(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation, backend="triton"))
+    dxo, dwo, dbo = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
+    assert rel_err(outs[0][0], dxo) < TOLERANCES[x.dtype] and rel_err(outs[0][1], dwo) < 2e-5
+    assert rel_err(outs[0][2], dbo) < 2e-5
+    for got, want in zip(outs[1], outs[0]):
+        as_int = torch.int16 if got.dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(got.view(as_int), want.view(as_int))
+
+
 @pytest.mark.parametrize("W,activation", [(8, "silu"), (6, None)])
 def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkeypatch):
     """From W = 6 on, a masked backward program with per-token indices takes the few-segment walk only
@@ -311,24 +339,11 @@ def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkey
     tokens put 3 or 4 segments in many programs (128 rows and 2 (W - 1) halo rows, in the interpreter).
     """
     S, C, H, rows = 384, 16, W - 1, 128
-    gen = torch.Generator().manual_seed(31)
-    cuts = [0]
-    while cuts[-1] < S:
-        cuts.append(min(S, cuts[-1] + int(torch.randint(35, 70, (), generator=gen))))
-    cu = torch.tensor(cuts, dtype=torch.int32)
+    cuts = _random_cuts(S, 35, 70, seed=31)
     spans = [sum(1 for a, z in zip(cuts, cuts[1:]) if a <= min(S - 1, p + rows - 1 + H) and z > max(0, p - H))
              for p in range(0, S, rows)]
     assert {3, 4} & set(spans), spans  # programs that the two paths walk differently
-    assert use_segment_ids(len(cuts) - 1, S, C)  # with use_ids on, the launches read per-token indices
-    x, w, b, dy = make_inputs(S, C, seed=32, width=W)
-    outs = []
-    for ids in (True, False):
-        monkeypatch.setattr(triton_launch, "use_ids", ids)
-        outs.append(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation, backend="triton"))
-    dxo, dwo, _ = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
-    assert rel_err(outs[0][0], dxo) < TOLERANCES[x.dtype] and rel_err(outs[0][1], dwo) < 2e-5
-    for got, want in zip(outs[1], outs[0]):
-        assert torch.equal(got, want)
+    _assert_both_lookups_give_the_same_bits(S, C, W, activation, cuts, 32, monkeypatch)
 
 
 def test_many_segment_step_branch_gives_the_masked_walks_bits(monkeypatch):
@@ -339,29 +354,14 @@ def test_many_segment_step_branch_gives_the_masked_walks_bits(monkeypatch):
     which walks every step masked, and match float64."""
     W, activation = 5, "silu"
     S, C, H, leaf, R, step = 768, 16, W - 1, 128, 2, 4
-    gen = torch.Generator().manual_seed(37 + W)
-    cuts = [0]
-    while cuts[-1] < S:
-        cuts.append(min(S, cuts[-1] + int(torch.randint(1, 41, (), generator=gen))))
-    cu = torch.tensor(cuts, dtype=torch.int32)
-    doc = torch.bucketize(torch.arange(S), cu[1:], right=True)  # document of each row
+    cuts = _random_cuts(S, 1, 41, seed=37 + W)
+    doc = torch.bucketize(torch.arange(S), torch.tensor(cuts[1:]), right=True)  # document of each row
     p0 = R * leaf
     assert p0 - H >= 0 and p0 + R * leaf - 1 + H < S  # the middle program: no row bounds
     clean = [all(doc[p0 + r * leaf + i] == doc[min(S - 1, p0 + r * leaf + i + H + step - 1)] for r in range(R))
              for i in range(0, leaf, step)]
     assert any(clean) and not all(clean), clean  # both step bodies run
-    assert use_segment_ids(len(cuts) - 1, S, C)
-    x, w, b, dy = make_inputs(S, C, seed=38, width=W)
-    outs = []
-    for ids in (True, False):
-        monkeypatch.setattr(triton_launch, "use_ids", ids)
-        outs.append(cake_causal_conv1d_det_train_backward(dy, x, w, b, cu, activation=activation, backend="triton"))
-    dxo, dwo, dbo = causal_conv1d_oracle_backward(dy, x, w, b, cu, activation)
-    assert rel_err(outs[0][0], dxo) < TOLERANCES[x.dtype] and rel_err(outs[0][1], dwo) < 2e-5
-    assert rel_err(outs[0][2], dbo) < 2e-5
-    for got, want in zip(outs[1], outs[0]):
-        assert torch.equal(got.view(torch.int16) if got.dtype == torch.bfloat16 else got.view(torch.int32),
-                           want.view(torch.int16) if want.dtype == torch.bfloat16 else want.view(torch.int32))
+    _assert_both_lookups_give_the_same_bits(S, C, W, activation, cuts, 38, monkeypatch)
 
 
 @pytest.mark.parametrize("W,activation", [(8, "silu"), (5, None), (3, "silu"), (4, "silu")])
