@@ -121,7 +121,7 @@ SINGLE_CASES = {
     "S16385_C16_2_groups_W3_none": (16385, 16, [0, 16385], None, True, torch.bfloat16, torch.float32, 3, None),
     "S800_C24_3_docs_W5": (800, 24, [0, 300, 301, 800], None, True, torch.bfloat16, torch.float32, 5, "silu"),
     # C = 512 without bias: the backward's step-branch pick; 64 documents: per-token indices, and at W = 5 +
-    # SiLU the many-segment walk's step branch (the middle of four 512-row programs)
+    # SiLU the many-segment walk's step branch (the two middle programs of four, 512 rows each)
     "S2048_C512_64_docs_W5": (2048, 512, _cu_every(2048, 64), None, False, torch.bfloat16, torch.float32, 5, "silu"),
     "S17_C136_17_docs_W7_none": (17, 136, list(range(18)), None, False, torch.float16, torch.float32, 7, None),
     "S4096_C128_16_docs_W8": (4096, 128, _cu_every(4096, 16), None, True, torch.bfloat16, torch.float32, 8, "silu"),
