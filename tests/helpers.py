@@ -29,6 +29,15 @@ def random_cu_seqlens(S: int, gen: torch.Generator, short: bool = True) -> torch
     return torch.tensor(cuts, dtype=torch.int32)
 
 
+def uniform_cuts(S: int, lo: int, hi: int, seed: int) -> list[int]:
+    """Document boundaries (a list, 0 .. S) of documents of lo .. hi - 1 tokens, the last one cut at S."""
+    gen = torch.Generator().manual_seed(seed)
+    cuts = [0]
+    while cuts[-1] < S:
+        cuts.append(min(S, cuts[-1] + int(torch.randint(lo, hi, (), generator=gen))))
+    return cuts
+
+
 def deal_fragments(rng, T: int, P: int, lengths=(1, 1, 2, 2, 3, 4, 5)) -> list[list[tuple[int, int]]]:
     """[0, T) cut into spans of the given lengths (``rng.choice``), dealt round-robin in a shuffled
     order to P ranks (every rank gets some when there are at least P spans), each rank's local

@@ -15,7 +15,8 @@ from cakeconv.cake_causal_conv1d_det_train_backend.kernels.segment_ids import us
 from cakeconv.cake_causal_conv1d_det_train_backend.kernels.tuning import BwdConfig, FwdConfig
 from cakeconv.oracle import (causal_conv1d_oracle, causal_conv1d_oracle_backward, causal_conv1d_silu_oracle,
                              causal_conv1d_silu_oracle_backward)
-from tests.helpers import TOLERANCES, FakeWarmup, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err
+from tests.helpers import (TOLERANCES, FakeWarmup, backward_tree_from_nodes, make_inputs, random_cu_seqlens, rel_err,
+                           uniform_cuts)
 
 pytestmark = pytest.mark.interpret
 
@@ -303,15 +304,6 @@ def test_triton_row_bits_do_not_depend_on_the_segment_lookup_path():
         assert torch.equal(dx, outs[0][1]), lens
 
 
-def _random_cuts(S, lo, hi, seed):
-    """cu_seqlens (a list) of documents of lo .. hi - 1 tokens (the last one cut at S)."""
-    gen = torch.Generator().manual_seed(seed)
-    cuts = [0]
-    while cuts[-1] < S:
-        cuts.append(min(S, cuts[-1] + int(torch.randint(lo, hi, (), generator=gen))))
-    return cuts
-
-
 def _assert_both_lookups_give_the_same_bits(S, C, W, activation, cuts, seed, monkeypatch):
     """The backward with per-token segment indices and with the binary search over cu (use_ids on and
     off, which walk some programs differently): dx, dweight and dbias within tolerance of float64, and
@@ -339,7 +331,7 @@ def test_wide_taps_backward_bits_do_not_depend_on_the_walk(W, activation, monkey
     tokens put 3 or 4 segments in many programs (128 rows and 2 (W - 1) halo rows, in the interpreter).
     """
     S, C, H, rows = 384, 16, W - 1, 128
-    cuts = _random_cuts(S, 35, 70, seed=31)
+    cuts = uniform_cuts(S, 35, 70, seed=31)
     spans = [sum(1 for a, z in zip(cuts, cuts[1:]) if a <= min(S - 1, p + rows - 1 + H) and z > max(0, p - H))
              for p in range(0, S, rows)]
     assert {3, 4} & set(spans), spans  # programs that the two paths walk differently
@@ -354,7 +346,7 @@ def test_many_segment_step_branch_gives_the_masked_walks_bits(monkeypatch):
     which walks every step masked, and match float64."""
     W, activation = 5, "silu"
     S, C, H, leaf, R, step = 768, 16, W - 1, 128, 2, 4
-    cuts = _random_cuts(S, 1, 41, seed=37 + W)
+    cuts = uniform_cuts(S, 1, 41, seed=37 + W)
     doc = torch.bucketize(torch.arange(S), torch.tensor(cuts[1:]), right=True)  # document of each row
     p0 = R * leaf
     assert p0 - H >= 0 and p0 + R * leaf - 1 + H < S  # the middle program: no row bounds
