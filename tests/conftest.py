@@ -32,6 +32,11 @@ if _worker.startswith("gw"):
 
 from tests.helpers import INTERPRET
 
+if INTERPRET:  # tier 2: the interpreter patches triton.language once per launch (tests/interpreter_patch_once.py)
+    from tests.interpreter_patch_once import install as _patch_language_once
+
+    _patch_language_once()
+
 
 @pytest.fixture(autouse=True)
 def _interpreted_kernels_stay_in_bounds():

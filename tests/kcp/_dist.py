@@ -43,6 +43,9 @@ def _worker(rank: int, fn, world_size: int, tmp_dir: str, pg_timeout_s: float, a
     try:
         if os.environ.get("TRITON_INTERPRET") == "1":  # tier 2: interpreted kernels stay in bounds
             from tests.interpreter_bounds import checked_memory
+            from tests.interpreter_patch_once import install
+
+            install()  # triton.language patched once per launch (tests/interpreter_patch_once.py)
 
             with checked_memory():
                 result = fn(rank, world_size, *args)
