@@ -10,18 +10,23 @@ member of ``tl``, ``tl.core``, ``tl.tensor`` and ``tl.math`` with ``inspect.getm
 them took that test from 32.8 to 23.7 s and the whole tier from 484 to 370 s (two workers on a
 2-core machine).
 
-``install()`` wraps ``_patch_lang``: a call made while a launch's patches are in place, for a helper
-whose language modules that launch already patched, changes nothing and is skipped (it would only
-re-set the same replacements, which the launch's restore undoes anyway); every other call runs as
-before. What the kernels compute is unchanged: the same numpy implementations run either way.
+``install()`` wraps ``_patch_lang``: a helper's call inside a launch whose patches are in place, for a
+helper whose language modules that launch already patched, changes nothing and is skipped (it would
+only re-set the same replacements, which the launch's restore undoes anyway), unless a launch of
+another thread began or ended since this one began (an end restores the originals, which the repeats
+then put back); every other call runs as before. What the kernels compute is unchanged: the same numpy implementations run either way.
 Installed by tests/conftest.py and by each rank of tests/kcp/_dist.py when TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
-_active: list[frozenset] = []  # the language modules the launch in progress patched (at most one entry)
+# the launches in progress: thread id -> (the language modules its launch patched, the epoch it began in);
+# the epoch counts launch starts and ends, so a launch that another one overlapped sees it changed
+_active: dict[int, tuple[frozenset, int]] = {}
+_epoch = [0]
 
 
 class _Nothing:
@@ -47,20 +52,32 @@ def install() -> None:
 
     def patch_lang(fn):
         langs = _language_modules(fn)
-        if _active:  # a helper inside a launch (kernels launch no kernels)
-            if langs <= _active[0]:
+        me = threading.get_ident()
+        if me in _active:  # a helper inside this thread's launch (kernels launch no kernels)
+            launch_langs, began = _active[me]
+            if began != _epoch[0]:
+                # a launch of another thread began or ended meanwhile (an end restores the originals
+                # under this one): patched again, as Triton does (never restored)
+                return original(fn)
+            if langs <= launch_langs:
                 return _Nothing()
-            return original(fn)  # other language modules: patched as Triton does (never restored)
+            # a helper seeing other language modules (Triton's own, e.g. tl.sum's sees triton.language.core):
+            # patched as Triton does (never restored), then known to be patched for the rest of the launch
+            _active[me] = (launch_langs | langs, began)
+            return original(fn)
         scope = original(fn)  # a launch: GridExecutor restores this scope when the launch ends
-        _active.append(langs)
+        _epoch[0] += 1
+        _active[me] = (langs, _epoch[0])
         restore = scope.restore
 
         def restore_and_forget():
-            _active.clear()
+            _active.pop(me, None)
+            _epoch[0] += 1
             restore()
 
         scope.restore = restore_and_forget
         return scope
 
     patch_lang._patches_once = True
+    patch_lang.original = original
     interpreter._patch_lang = patch_lang

@@ -633,3 +633,32 @@ def test_triton_first_steps_run_the_twins_until_the_background_compile_ends(monk
     flags, _ = step(other)
     assert flags == [0, 0] and len(compiles) == 2 and len(spawned) == 1  # nothing compiled again
     conv._plans.clear()
+
+
+def test_the_interpreter_patches_the_language_once_per_launch(monkeypatch):
+    """tests/interpreter_patch_once.py (installed by conftest): a forward launch, whose kernel calls
+    @triton.jit helpers per row and per tap, patches triton.language once for the launch and once more
+    for the first of Triton's own helpers (which see triton.language.core), instead of once per helper
+    call, and computes what it computed before (the oracle's y)."""
+    from triton.runtime import interpreter
+
+    from tests import interpreter_patch_once
+
+    assert interpreter._patch_lang._patches_once
+    triton_patch_lang = interpreter._patch_lang.original
+    calls = []
+
+    def counting(fn):
+        calls.append(fn.__name__)
+        return triton_patch_lang(fn)
+
+    S, C = 40, 16
+    x, w, b, _ = make_inputs(S, C, seed=31)
+    cu = torch.tensor([0, 3, 17, S], dtype=torch.int32)
+    monkeypatch.setattr(interpreter, "_patch_lang", counting)
+    interpreter_patch_once.install()  # wraps the counting function: the count is what reaches Triton's own
+    y = torch.empty_like(x)
+    triton_launch.triton_forward(x, w, b, cu, None, y)
+    assert calls[0] == "cake_conv_fwd_kernel" and len(calls) == 2, calls[:5]
+    assert not interpreter_patch_once._active
+    assert rel_err(y, causal_conv1d_silu_oracle(x, w, b, cu)) < TOLERANCES[x.dtype]
