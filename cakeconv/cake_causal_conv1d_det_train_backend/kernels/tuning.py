@@ -66,7 +66,7 @@ FWD_CONFIGS = (
     FwdConfig(R=4, SUB=64, BC=128, num_warps=4, stages=3, maxnreg=128),
     # A candidate for C >= 512 up to W = 5, in place of R = 8, SUB = 32 (C = 512) and R = 8, SUB = 64 (C = 2048): one
     # H100, forward kernel alone, no bias, seed and uniform 1-64 documents, two rounds (tools/sweep_configs.py,
-    # results/h100_tables.txt): 2.0-4.0% faster in 11 of 12 (W, activation, mix, C) cases at W = 4 and 5, 0.3%
+    # results/h100_tables.txt): 2.0-4.0% faster in 11 of 12 (W, activation, mix, C) cases at W = 4 and 5, 0.4%
     # slower at W = 5 + SiLU on 1-64 documents at C = 2048. Not picked yet: this configuration has not run the GPU
     # bits test (tests/test_gpu.py, every configuration against the pick) nor the whole calls.
     FwdConfig(R=4, SUB=32, BC=128, num_warps=4, stages=3, maxnreg=128),
