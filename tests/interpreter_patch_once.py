@@ -14,8 +14,9 @@ them took that test from 32.8 to 23.7 s and the whole tier from 484 to 370 s (tw
 helper whose language modules that launch already patched, changes nothing and is skipped (it would
 only re-set the same replacements, which the launch's restore undoes anyway), unless a launch of
 another thread began or ended since this one began (an end restores the originals, which the repeats
-then put back); every other call runs as before. What the kernels compute is unchanged: the same numpy implementations run either way.
-Installed by tests/conftest.py and by each rank of tests/kcp/_dist.py when TRITON_INTERPRET=1.
+then put back); every other call runs as before. What the kernels compute is unchanged: the same
+numpy implementations run either way. Installed by tests/conftest.py and by each rank of
+tests/kcp/_dist.py when TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
@@ -36,10 +37,19 @@ class _Nothing:
         pass
 
 
-def _language_modules(fn) -> frozenset:
-    import triton.language as tl
+_modules_of: dict[int, frozenset] = {}  # id(fn.__globals__) -> its language modules (a module's globals stay put)
 
-    return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
+def _language_modules(fn) -> frozenset:
+    """The language modules a jitted function sees (what _patch_lang patches for it), once per module."""
+    key = id(fn.__globals__)
+    langs = _modules_of.get(key)
+    if langs is None:
+        import triton.language as tl
+
+        langs = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        _modules_of[key] = langs
+    return langs
 
 
 def install() -> None:
